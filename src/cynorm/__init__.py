@@ -1,0 +1,33 @@
+"""cynorm: fast, exact LayerNorm and RMSNorm kernels for NumPy arrays on the CPU.
+
+    >>> import numpy as np, cynorm
+    >>> x = np.random.rand(8, 512).astype(np.float32)
+    >>> y, mean, rstd = cynorm.layer_norm_forward(x, np.ones(512, np.float32))
+    >>> dx, dw, db = cynorm.layer_norm_backward(np.ones_like(x), x, mean, rstd, np.ones(512, np.float32))
+
+See show_config() for the ISA level and threads in use.
+"""
+
+from ._version import __version__
+from ._api import (
+    layer_norm,
+    layer_norm_backward,
+    layer_norm_forward,
+    rms_norm,
+    rms_norm_backward,
+    rms_norm_forward,
+)
+from ._config import show_config
+from ._threads import get_num_threads
+
+__all__ = [
+    "__version__",
+    "layer_norm",
+    "layer_norm_forward",
+    "layer_norm_backward",
+    "rms_norm",
+    "rms_norm_forward",
+    "rms_norm_backward",
+    "show_config",
+    "get_num_threads",
+]

@@ -1,0 +1,273 @@
+"""Public functions: validate the input, pick the dtype pair, call the kernels.
+
+Every check happens before anything is written, so a refused call leaves the
+caller's arrays (``out`` included) untouched. Inputs may be any array-like;
+non-contiguous, Fortran-ordered or negative-stride arrays are copied to a
+C-contiguous buffer first (outputs are always C-contiguous).
+"""
+
+import math
+import numbers
+
+import numpy as np
+
+from . import _dtypes, _isa
+from ._threads import resolve_num_threads
+
+__all__ = [
+    "layer_norm", "layer_norm_forward", "layer_norm_backward",
+    "rms_norm", "rms_norm_forward", "rms_norm_backward",
+]
+
+_ndarray = np.ndarray
+_empty = np.empty
+
+
+# ------------------------------------------------------------- validation --
+
+def _as_array(a, name):
+    if type(a) is _ndarray:
+        return a
+    if isinstance(a, np.ma.MaskedArray):
+        raise TypeError(f"cynorm: {name} is a masked array; fill it first (e.g. {name}.filled())")
+    if isinstance(a, _ndarray):
+        return a.view(_ndarray)
+    try:
+        return np.asarray(a)
+    except Exception as exc:  # ragged lists and the like
+        raise TypeError(f"cynorm: {name} must be an array-like of numbers ({exc})") from None
+
+
+def _native(a):
+    return a if a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))
+
+
+def _input(a, name):
+    a = _as_array(a, name)
+    if not a.dtype.isnative:
+        a = _native(a)
+    _dtypes.check_x_dtype(a.dtype, name)
+    return a
+
+
+def _axis(axis, ndim):
+    if type(axis) is not int:
+        if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (numbers.Integral, np.integer)):
+            raise TypeError(f"cynorm: axis must be an int, got {type(axis).__name__}")
+        axis = int(axis)
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"cynorm: axis {axis} is out of range for an array with {ndim} dimension(s); "
+                         f"expected {-ndim} <= axis < {ndim}")
+    return axis % ndim
+
+
+def _eps(eps):
+    if type(eps) is not float:
+        if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
+            raise TypeError(f"cynorm: eps must be a real number, got {type(eps).__name__}")
+        eps = float(eps)
+    if not (eps >= 0.0 and math.isfinite(eps)):
+        raise ValueError(f"cynorm: eps must be finite and >= 0, got {eps!r}")
+    return eps
+
+
+def _params(x_dtype, norm_shape, weight, bias):
+    """Check weight/bias; returns (pair, weight, bias) with C-contiguous arrays or None."""
+    default = _dtypes.DEFAULT_PARAM[x_dtype]
+    arrays = []
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None:
+            if not hasattr(p, "dtype"):  # a plain sequence carries no dtype: use the natural one
+                p = np.asarray(p, dtype=default)
+            p = _as_array(p, name)
+            if not p.dtype.isnative:
+                p = _native(p)
+            if p.shape != norm_shape:
+                raise ValueError(f"cynorm: {name} must have shape x.shape[axis:] = {norm_shape}, got {p.shape}")
+        arrays.append(p)
+    weight, bias = arrays
+    if weight is not None and bias is not None and weight.dtype != bias.dtype:
+        raise TypeError(f"cynorm: weight and bias must have the same dtype, got "
+                        f"{_dtypes.dtype_name(weight.dtype)} and {_dtypes.dtype_name(bias.dtype)}; "
+                        f"supported (x, weight/bias) pairs: {_dtypes.supported_pairs_text()}")
+    given = weight if weight is not None else bias
+    pair = _dtypes.resolve(x_dtype, None if given is None else given.dtype)
+    if weight is not None and not weight.flags.c_contiguous:
+        weight = np.ascontiguousarray(weight)
+    if bias is not None and not bias.flags.c_contiguous:
+        bias = np.ascontiguousarray(bias)
+    return pair, weight, bias
+
+
+def _split(shape, axis):
+    """(M rows, N elements per row) for normalizing over shape[axis:]."""
+    norm_shape = shape[axis:]
+    n = math.prod(norm_shape)
+    if n == 0:
+        raise ValueError(f"cynorm: the normalized dimensions x.shape[axis:] = {norm_shape} have zero size")
+    return math.prod(shape[:axis]), n, norm_shape
+
+
+def _check_out(out, shape, dtype, name="out"):
+    if type(out) is not _ndarray and not isinstance(out, _ndarray):
+        raise TypeError(f"cynorm: {name} must be a numpy.ndarray, got {type(out).__name__}")
+    if out.dtype != dtype:
+        raise TypeError(f"cynorm: {name} must have dtype {_dtypes.dtype_name(dtype)}, "
+                        f"got {_dtypes.dtype_name(out.dtype)}")
+    if out.shape != shape:
+        raise ValueError(f"cynorm: {name} must have shape {shape}, got {out.shape}")
+    if not out.flags.c_contiguous:
+        raise ValueError(f"cynorm: {name} must be C-contiguous")
+    if not out.flags.writeable:
+        raise ValueError(f"cynorm: {name} is read-only")
+    return out
+
+
+def _same_buffer(a, b):
+    return a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.strides == b.strides
+
+
+def _contiguous_input(a, out):
+    """C-contiguous version of a; a copy if it overlaps `out` other than exactly."""
+    if out is not None and a is not out and np.may_share_memory(a, out):
+        if not (a.flags.c_contiguous and _same_buffer(a, out)):
+            return np.array(a, order="C", copy=True)
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+def _stats(stat, name, shape, stat_shape, axis, dtype):
+    """Check a mean/rstd argument of the backward."""
+    stat = _as_array(stat, name)
+    if stat.shape != stat_shape and stat.shape != shape[:axis]:
+        raise ValueError(f"cynorm: {name} must have shape {stat_shape} (or {shape[:axis]}), got {stat.shape}")
+    if stat.dtype != dtype:
+        raise TypeError(f"cynorm: {name} must have dtype {_dtypes.dtype_name(dtype)} for this input "
+                        f"(what the forward returns), got {_dtypes.dtype_name(stat.dtype)}")
+    return stat if stat.flags.c_contiguous else np.ascontiguousarray(stat)
+
+
+# ----------------------------------------------------------------- shared --
+
+def _forward(x, weight, bias, axis, eps, num_threads, out, center, want_stats):
+    x = _input(x, "x")
+    shape = x.shape
+    ndim = len(shape)
+    if ndim == 0:
+        raise ValueError("cynorm: x must have at least one dimension, got a 0-d array")
+    ax = _axis(axis, ndim)
+    M, N, norm_shape = _split(shape, ax)
+    pair, weight, bias = _params(x.dtype, norm_shape, weight, bias)
+    eps = _eps(eps)
+    T = resolve_num_threads(num_threads)
+    if out is None:
+        y = _empty(shape, pair.x)
+    else:
+        y = _check_out(out, shape, pair.x)
+        if weight is not None and np.may_share_memory(weight, y):
+            weight = weight.copy()
+        if bias is not None and np.may_share_memory(bias, y):
+            bias = bias.copy()
+    x = _contiguous_input(x, out)
+    stat_shape = shape[:ax] + (1,) * (ndim - ax)
+    mean = _empty(stat_shape, pair.stat) if (center and want_stats) else None
+    rstd = _empty(stat_shape, pair.stat)
+    if M:
+        _isa.kernels.forward(pair.code, center, x, y, weight, bias, mean, rstd, M, N, eps, T)
+    return y, mean, rstd
+
+
+def _backward(dy, x, mean, rstd, weight, axis, num_threads, out, center):
+    x = _input(x, "x")
+    dy = _input(dy, "dy")
+    shape = x.shape
+    ndim = len(shape)
+    if ndim == 0:
+        raise ValueError("cynorm: x must have at least one dimension, got a 0-d array")
+    if dy.shape != shape:
+        raise ValueError(f"cynorm: dy must have the shape of x, {shape}, got {dy.shape}")
+    if dy.dtype != x.dtype:
+        raise TypeError(f"cynorm: dy must have the dtype of x, {_dtypes.dtype_name(x.dtype)}, "
+                        f"got {_dtypes.dtype_name(dy.dtype)}")
+    ax = _axis(axis, ndim)
+    M, N, norm_shape = _split(shape, ax)
+    pair, weight, _ = _params(x.dtype, norm_shape, weight, None)
+    stat_shape = shape[:ax] + (1,) * (ndim - ax)
+    if center:
+        mean = _stats(mean, "mean", shape, stat_shape, ax, pair.stat)
+    rstd = _stats(rstd, "rstd", shape, stat_shape, ax, pair.stat)
+    T = resolve_num_threads(num_threads)
+    if out is None:
+        dx = _empty(shape, pair.x)
+    else:
+        dx = _check_out(out, shape, pair.x)
+        if weight is not None and np.may_share_memory(weight, dx):
+            weight = weight.copy()
+        if np.may_share_memory(rstd, dx) or (center and np.may_share_memory(mean, dx)):
+            rstd = rstd.copy()
+            mean = None if mean is None else mean.copy()
+    x = _contiguous_input(x, out)
+    dy = _contiguous_input(dy, out)
+    if weight is not None:
+        dweight = _empty(norm_shape, pair.grad)
+        dbias = _empty(norm_shape, pair.grad) if center else None
+        if M == 0:
+            dweight.fill(0)
+            if dbias is not None:
+                dbias.fill(0)
+    else:
+        dweight = dbias = None
+    if M:
+        _isa.kernels.backward(pair.code, center, dy, x, mean, rstd, weight, dx, dweight, dbias, M, N, T)
+    return dx, dweight, dbias
+
+
+# ------------------------------------------------------------- LayerNorm --
+
+def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, num_threads=None, out=None):
+    """LayerNorm over ``x.shape[axis:]``: ``(x - mean) / sqrt(var + eps) * weight + bias``.
+
+    ``axis`` is the first normalized axis (ONNX convention); torch's
+    ``normalized_shape=s`` is ``axis=-len(s)``. ``weight``/``bias`` (optional,
+    independently) have shape ``x.shape[axis:]``. The variance is biased.
+    Returns y with x's dtype (written into ``out`` when given; ``out`` may be x).
+    """
+    return _forward(x, weight, bias, axis, eps, num_threads, out, True, False)[0]
+
+
+def layer_norm_forward(x, weight=None, bias=None, *, axis=-1, eps=1e-5, num_threads=None, out=None):
+    """LayerNorm that also returns the statistics the backward needs.
+
+    Returns ``(y, mean, rstd)``; ``mean`` and ``rstd = 1/sqrt(var + eps)`` have
+    shape ``x.shape[:axis] + (1,) * k`` (dims kept, so they broadcast against x)
+    and dtype float32 (float64 for float64 input).
+    """
+    return _forward(x, weight, bias, axis, eps, num_threads, out, True, True)
+
+
+def layer_norm_backward(dy, x, mean, rstd, weight=None, *, axis=-1, num_threads=None, out=None):
+    """Gradients of LayerNorm: returns ``(dx, dweight, dbias)``.
+
+    ``mean``/``rstd`` are what layer_norm_forward returned. With ``weight=None``
+    the result is ``(dx, None, None)``. ``out`` receives dx (it may be dy or x).
+    dweight/dbias are bit-identical for any ``num_threads``.
+    """
+    return _backward(dy, x, mean, rstd, weight, axis, num_threads, out, True)
+
+
+# --------------------------------------------------------------- RMSNorm --
+
+def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, num_threads=None, out=None):
+    """RMSNorm over ``x.shape[axis:]``: ``x / sqrt(mean(x**2) + eps) * weight``."""
+    return _forward(x, weight, None, axis, eps, num_threads, out, False, False)[0]
+
+
+def rms_norm_forward(x, weight=None, *, axis=-1, eps=1e-6, num_threads=None, out=None):
+    """RMSNorm that also returns ``rstd = 1/sqrt(mean(x**2) + eps)``: ``(y, rstd)``."""
+    y, _, rstd = _forward(x, weight, None, axis, eps, num_threads, out, False, True)
+    return y, rstd
+
+
+def rms_norm_backward(dy, x, rstd, weight=None, *, axis=-1, num_threads=None, out=None):
+    """Gradients of RMSNorm: ``(dx, dweight)``; dweight is None when weight is None."""
+    dx, dweight, _ = _backward(dy, x, None, rstd, weight, axis, num_threads, out, False)
+    return dx, dweight

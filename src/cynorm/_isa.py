@@ -1,0 +1,99 @@
+"""Pick the kernel build (ISA level) that this CPU can run, once, at import.
+
+Each level is a separate extension module compiled with its own flags
+(``cynorm._kernels_<level>``). A module compiled with AVX-512 flags may use
+AVX-512 anywhere, even in its init code, so a level is imported only after the
+CPU (and the OS, via XGETBV) are known to support it.
+
+``CYNORM_ISA=<level>`` forces a level; an unknown level or one this CPU cannot
+run makes ``import cynorm`` fail with a message that lists the choices.
+"""
+
+import contextlib
+import importlib
+import importlib.util
+import os
+
+from . import _cpuinfo
+
+#: Levels from lowest to highest.
+LEVELS = ("baseline", "avx2", "avx512", "avx512_bf16")
+
+_AVX2 = frozenset({"avx2", "fma", "f16c"})
+_AVX512 = _AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
+#: CPU features each level needs.
+REQUIRED_FEATURES = {
+    "baseline": frozenset(),
+    "avx2": _AVX2,
+    "avx512": _AVX512,
+    "avx512_bf16": _AVX512 | {"avx512_bf16"},
+}
+
+ENV_VAR = "CYNORM_ISA"
+
+
+def cpu_features():
+    """SIMD features that this CPU and OS support (a frozenset of names)."""
+    return _cpuinfo.features()
+
+
+def compiled_levels():
+    """Levels this installation was built with (lowest first)."""
+    return [lvl for lvl in LEVELS if importlib.util.find_spec(f"cynorm._kernels_{lvl}") is not None]
+
+
+def available_levels():
+    """Levels that are both compiled and runnable on this CPU (lowest first)."""
+    features = cpu_features()
+    return [lvl for lvl in compiled_levels() if REQUIRED_FEATURES[lvl] <= features]
+
+
+def _load(level):
+    if level not in LEVELS:
+        raise ValueError(f"unknown ISA level {level!r}; the levels are {', '.join(LEVELS)} "
+                         f"(this CPU can run: {', '.join(available_levels())})")
+    available = available_levels()
+    if level not in available:
+        missing = sorted(REQUIRED_FEATURES[level] - cpu_features())
+        why = (f"this CPU lacks {', '.join(missing)}" if missing
+               else "this installation was built without it")
+        raise ValueError(f"ISA level {level!r} cannot be used: {why}. "
+                         f"Levels available here: {', '.join(available)}")
+    module = importlib.import_module(f"cynorm._kernels_{level}")
+    if module.isa() != level:  # a build mix-up, not a user error
+        raise ImportError(f"cynorm._kernels_{level} was compiled for {module.isa()!r}")
+    return module
+
+
+def _initial_level():
+    forced = os.environ.get(ENV_VAR, "").strip()
+    if forced:
+        try:
+            _load(forced)
+        except ValueError as exc:
+            raise ImportError(f"{ENV_VAR}={forced!r}: {exc}") from None
+        return forced
+    return available_levels()[-1]
+
+
+#: Name of the level in use, and its module (what _api calls).
+level = _initial_level()
+kernels = _load(level)
+
+
+def use(name):
+    """Switch the active level for the whole process (used by the tests)."""
+    global level, kernels
+    kernels = _load(name)
+    level = name
+
+
+@contextlib.contextmanager
+def using(name):
+    """Context manager: run a block with another ISA level, then switch back."""
+    previous = level
+    use(name)
+    try:
+        yield
+    finally:
+        use(previous)

@@ -1,0 +1,441 @@
+# cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+#
+# Kernel orchestration, compiled once per ISA level (see _kernels_<level>.pyx).
+#
+# The per-row math lives in include/cn_rows.h. This file decides who computes
+# what and in which order: threads, row blocks, column chunks, and the fixed
+# reduction order that makes every output bit-identical for any thread count.
+#
+# Arrays arrive as C-contiguous ndarrays already checked by cynorm._api; their
+# data pointers are read with the NumPy C API. (Typed memoryviews would cost
+# about 100 ns each to acquire, a large share of a tiny call, and bf16/f16
+# would need a uint16 view first.)
+
+from libc.stdint cimport int64_t, uint16_t
+from libc.stdlib cimport malloc, free
+cimport numpy as cnp
+from cython.parallel cimport prange, parallel
+from cynorm._openmp_helpers cimport CN_OPENMP, omp_get_max_threads, omp_get_num_threads
+
+cnp.import_array()
+
+cdef extern from "cn_kernels.h" nogil:
+    const char *CN_ISA_NAME
+    const int CN_CHUNK
+
+    ctypedef struct cn_fwd_args:
+        const void *x
+        void *y
+        const void *w
+        const void *b
+        void *mean
+        void *rstd
+        int64_t M
+        int64_t N
+        double eps
+        int center
+
+    ctypedef struct cn_bwd_args:
+        const void *dy
+        const void *x
+        const void *mean
+        const void *rstd
+        const void *w
+        void *dx
+        int64_t M
+        int64_t N
+        int center
+
+    ctypedef struct cn_moments:
+        double n
+        double delta
+        double m2
+
+    ctypedef struct cn_row_stats:
+        double pivot
+        double delta
+        double rstd
+        int ok
+
+    ctypedef struct cn_ops:
+        int x_size
+        int p_size
+        int acc_size
+        int64_t small_max
+        void (*fwd_rows)(const cn_fwd_args *, int64_t, int64_t) noexcept nogil
+        void (*fwd_chunk)(const cn_fwd_args *, int64_t, int64_t, int64_t, cn_moments *) noexcept nogil
+        void (*fwd_finish)(const cn_fwd_args *, int64_t, const cn_moments *, cn_row_stats *) noexcept nogil
+        void (*fwd_apply)(const cn_fwd_args *, int64_t, int64_t, int64_t, const cn_row_stats *) noexcept nogil
+        void (*bwd_rows)(const cn_bwd_args *, int64_t, int64_t, void *, void *) noexcept nogil
+        void (*bwd_chunk)(const cn_bwd_args *, int64_t, int64_t, int64_t, void *, void *, int,
+                          double *, double *) noexcept nogil
+        void (*bwd_apply)(const cn_bwd_args *, int64_t, int64_t, int64_t, double, double) noexcept nogil
+        void (*acc_add)(void *, const void *, int64_t, int64_t) noexcept nogil
+        void (*acc_to_param)(void *, const void *, int64_t, int64_t) noexcept nogil
+
+    const cn_ops *cn_get_ops(int pair)
+    void cn_moments_merge(cn_moments *a, const cn_moments *b)
+    void cn_f32_to_bf16_array(const float *src, uint16_t *dst, int64_t n)
+    void cn_f32_to_f16_array(const float *src, uint16_t *dst, int64_t n)
+    void cn_f16_to_f32_array(const uint16_t *src, float *dst, int64_t n)
+
+
+# ----------------------------------------------------------------- policy --
+# Below this many elements per thread, another thread costs more than it saves
+# (waking a pool thread is a few microseconds).
+cdef int64_t MIN_ELEMS_PER_THREAD = 1 << 15
+# The team path works on groups of rows of about this many bytes, so that the
+# second pass over a group finds it in cache.
+cdef int64_t TEAM_GROUP_BYTES = 4 << 20
+# The row path keeps one block's dweight/dbias partial in cache while it walks
+# the block's rows; beyond this size the team path is used instead.
+cdef int64_t PART_CACHE_BYTES = 256 << 10
+# dweight/dbias are summed over fixed row blocks: at most MAX_BLOCKS blocks of
+# at least MIN_BLOCK_ROWS rows. Depends on M only -- never on threads.
+cdef int64_t MAX_BLOCKS = 64
+cdef int64_t MIN_BLOCK_ROWS = 8
+
+
+cdef inline int64_t _min(int64_t a, int64_t b) noexcept nogil:
+    return a if a < b else b
+
+
+cdef inline int _threads_for(int64_t elems, int requested) noexcept nogil:
+    """Threads worth using for `elems` elements of work (at most `requested`)."""
+    if not CN_OPENMP or requested <= 1:
+        return 1
+    cdef int64_t cap = elems // MIN_ELEMS_PER_THREAD
+    if cap <= 1:
+        return 1
+    return <int>_min(requested, cap)
+
+
+cdef inline int64_t block_rows(int64_t M) noexcept nogil:
+    cdef int64_t B = (M + MAX_BLOCKS - 1) // MAX_BLOCKS
+    return B if B > MIN_BLOCK_ROWS else MIN_BLOCK_ROWS
+
+
+# ---------------------------------------------------------------- forward --
+
+cdef int _forward_team(const cn_ops *ops, const cn_fwd_args *a, int T) noexcept nogil:
+    """Few, long rows: all threads share each group of rows, split by column chunk.
+
+    Phase 1 takes chunk moments, phase 2 merges them per row (left to right,
+    exactly as fwd_rows does), phase 3 normalizes the chunks."""
+    cdef int64_t M = a.M, N = a.N, K = CN_CHUNK
+    cdef int64_t nc = (N + K - 1) // K
+    cdef int64_t G = TEAM_GROUP_BYTES // (N * ops.x_size)
+    if G < 1:
+        G = 1
+    G = _min(G, M)
+    cdef cn_moments *mom = <cn_moments *>malloc(G * nc * sizeof(cn_moments))
+    cdef cn_row_stats *st = <cn_row_stats *>malloc(G * sizeof(cn_row_stats))
+    if mom == NULL or st == NULL:
+        free(mom)
+        free(st)
+        return -1
+    cdef int64_t g0, g1, t, i, c
+    cdef cn_moments total
+    with parallel(num_threads=T):
+        g0 = 0
+        while g0 < M:
+            g1 = _min(M, g0 + G)
+            for t in prange((g1 - g0) * nc, schedule='static'):
+                i = t // nc
+                c = t - i * nc
+                ops.fwd_chunk(a, g0 + i, c * K, _min(N, c * K + K), &mom[t])
+            for i in prange(g1 - g0, schedule='static'):
+                total = mom[i * nc]
+                for c in range(1, nc):
+                    cn_moments_merge(&total, &mom[i * nc + c])
+                ops.fwd_finish(a, g0 + i, &total, &st[i])
+            for t in prange((g1 - g0) * nc, schedule='static'):
+                i = t // nc
+                c = t - i * nc
+                ops.fwd_apply(a, g0 + i, c * K, _min(N, c * K + K), &st[i])
+            g0 = g1
+    free(mom)
+    free(st)
+    return 0
+
+
+cdef int _forward(const cn_ops *ops, const cn_fwd_args *a, int T) noexcept nogil:
+    cdef int64_t M = a.M, t
+    if T > 1 and a.N > ops.small_max and M < 4 * T:
+        # too few rows to balance: split columns too (same bits as fwd_rows)
+        if _forward_team(ops, a, T) == 0:
+            return 0
+    if T <= 1 or M < 2:
+        ops.fwd_rows(a, 0, M)
+        return 0
+    T = <int>_min(T, M)
+    for t in prange(T, schedule='static', num_threads=T):
+        ops.fwd_rows(a, (M * t) // T, (M * (t + 1)) // T)
+    return 0
+
+
+# --------------------------------------------------------------- backward --
+
+cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t B, int k,
+                        char *tot_dw, char *tot_db) noexcept nogil:
+    """Long rows: blocks in order, all threads on each block.
+
+    Phase A: each thread owns column chunks and walks the block's rows in
+    order, so a column's partial is built exactly as bwd_rows builds it; it
+    also records each (row, chunk) pair of sums. Phase B merges the sums per
+    row (chunk order) and phase C writes dx. Rows are taken in groups that fit
+    in cache, so phase C rereads them from cache."""
+    cdef int64_t M = a.M, N = a.N, K = CN_CHUNK
+    cdef int64_t nc = (N + K - 1) // K
+    cdef int64_t nb = (M + B - 1) // B
+    cdef size_t part_bytes = N * ops.acc_size
+    cdef int64_t S = TEAM_GROUP_BYTES // (N * 2 * ops.x_size)
+    if S < 1:
+        S = B   # rows do not fit in cache anyway: favour partial-sum reuse
+    S = _min(S, B)
+    cdef double *sums = <double *>malloc(S * nc * 2 * sizeof(double))
+    cdef double *rowsums = <double *>malloc(S * 2 * sizeof(double))
+    cdef char *blk_part = NULL
+    if k and nb > 1:
+        blk_part = <char *>malloc(k * part_bytes)
+    if sums == NULL or rowsums == NULL or (k and nb > 1 and blk_part == NULL):
+        free(sums)
+        free(rowsums)
+        free(blk_part)
+        return -1
+    cdef int64_t blk, r0, r1, s0, s1, r, c, i, t
+    cdef char *dwp
+    cdef char *dbp
+    cdef double acc1, acc2
+    with parallel(num_threads=T):
+        for blk in range(nb):
+            r0 = blk * B
+            r1 = _min(M, r0 + B)
+            dwp = NULL
+            dbp = NULL
+            if k:
+                dwp = tot_dw if blk == 0 else blk_part
+                if k == 2:
+                    dbp = tot_db if blk == 0 else blk_part + part_bytes
+            s0 = r0
+            while s0 < r1:
+                s1 = _min(r1, s0 + S)
+                for c in prange(nc, schedule='static'):
+                    for r in range(s0, s1):
+                        ops.bwd_chunk(a, r, c * K, _min(N, c * K + K), dwp, dbp, r == r0,
+                                      &sums[((r - s0) * nc + c) * 2], &sums[((r - s0) * nc + c) * 2 + 1])
+                for i in prange(s1 - s0, schedule='static'):
+                    acc1 = 0.0
+                    acc2 = 0.0
+                    for c in range(nc):
+                        acc1 = acc1 + sums[(i * nc + c) * 2]
+                        acc2 = acc2 + sums[(i * nc + c) * 2 + 1]
+                    rowsums[2 * i] = acc1
+                    rowsums[2 * i + 1] = acc2
+                for t in prange((s1 - s0) * nc, schedule='static'):
+                    i = t // nc
+                    c = t - i * nc
+                    ops.bwd_apply(a, s0 + i, c * K, _min(N, c * K + K), rowsums[2 * i], rowsums[2 * i + 1])
+                s0 = s1
+            if k and blk > 0:
+                for c in prange(nc, schedule='static'):
+                    ops.acc_add(tot_dw, blk_part, c * K, _min(N, c * K + K))
+                    if k == 2:
+                        ops.acc_add(tot_db, blk_part + part_bytes, c * K, _min(N, c * K + K))
+    free(sums)
+    free(rowsums)
+    free(blk_part)
+    return 0
+
+
+cdef int _backward_blocks(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t B, int k,
+                          char *tot_dw, char *tot_db) noexcept nogil:
+    """Many rows: threads take whole blocks; then the block partials are added
+    in block order, column chunk by column chunk."""
+    cdef int64_t M = a.M, N = a.N, K = CN_CHUNK
+    cdef int64_t nb = (M + B - 1) // B
+    cdef int64_t nc = (N + K - 1) // K
+    cdef size_t part_bytes = N * ops.acc_size
+    # block 0 accumulates straight into the totals; blocks 1.. get scratch
+    cdef char *scratch = NULL
+    if k and nb > 1:
+        scratch = <char *>malloc((nb - 1) * k * part_bytes)
+        if scratch == NULL:
+            return -1
+    cdef int64_t blk, c, j
+    cdef char *dwp
+    cdef char *dbp
+    T = <int>_min(T, nb)
+    for blk in prange(nb, schedule='static', num_threads=T):
+        dwp = NULL
+        dbp = NULL
+        if k:
+            dwp = tot_dw if blk == 0 else scratch + (blk - 1) * k * part_bytes
+            if k == 2:
+                dbp = tot_db if blk == 0 else scratch + ((blk - 1) * k + 1) * part_bytes
+        ops.bwd_rows(a, blk * B, _min(M, blk * B + B), dwp, dbp)
+    if k and nb > 1:
+        T = <int>_min(T, nc)
+        for c in prange(nc, schedule='static', num_threads=T):
+            for j in range(nb - 1):
+                ops.acc_add(tot_dw, scratch + j * k * part_bytes, c * K, _min(N, c * K + K))
+                if k == 2:
+                    ops.acc_add(tot_db, scratch + (j * k + 1) * part_bytes, c * K, _min(N, c * K + K))
+    free(scratch)
+    return 0
+
+
+cdef int _backward(const cn_ops *ops, const cn_bwd_args *a, int T, int k,
+                   char *out_dw, char *out_db) noexcept nogil:
+    """k = number of parameter grads (0, 1 = dweight, 2 = dweight and dbias)."""
+    cdef int64_t M = a.M, N = a.N, c, K = CN_CHUNK
+    cdef int64_t B = block_rows(M)
+    cdef int64_t nb = (M + B - 1) // B
+    cdef int64_t nc = (N + K - 1) // K
+    cdef size_t part_bytes = N * ops.acc_size
+    cdef bint direct = ops.acc_size == ops.p_size
+    cdef char *tot_dw = out_dw
+    cdef char *tot_db = out_db
+    cdef char *tot = NULL
+    cdef int rc
+    if k and not direct:
+        # bf16/f16 params: sum in fp32, round once at the end
+        tot = <char *>malloc(k * part_bytes)
+        if tot == NULL:
+            return -1
+        tot_dw = tot
+        tot_db = tot + part_bytes if k == 2 else NULL
+    if N > ops.small_max and (nb < T or k * part_bytes > PART_CACHE_BYTES):
+        rc = _backward_team(ops, a, T, B, k, tot_dw, tot_db)
+    else:
+        rc = _backward_blocks(ops, a, T, B, k, tot_dw, tot_db)
+    if rc == 0 and tot != NULL:
+        for c in prange(nc, schedule='static', num_threads=<int>_min(T, nc)):
+            ops.acc_to_param(out_dw, tot_dw, c * K, _min(N, c * K + K))
+            if k == 2:
+                ops.acc_to_param(out_db, tot_db, c * K, _min(N, c * K + K))
+    free(tot)
+    return rc
+
+
+# ------------------------------------------------------------ Python entry --
+
+cdef inline void *_data(object arr):
+    return NULL if arr is None else cnp.PyArray_DATA(<cnp.ndarray>arr)
+
+
+def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, object bias,
+            object mean, cnp.ndarray rstd, int64_t M, int64_t N, double eps, int num_threads):
+    """Normalize the M rows of N elements of x into y; write mean (if given) and rstd.
+
+    All arrays are C-contiguous with the dtypes of `pair` (checked by the caller)."""
+    cdef const cn_ops *ops = cn_get_ops(pair)
+    if ops == NULL:
+        raise ValueError(f"unknown kernel pair {pair}")
+    cdef cn_fwd_args a
+    a.x = cnp.PyArray_DATA(x)
+    a.y = cnp.PyArray_DATA(y)
+    a.w = _data(weight)
+    a.b = _data(bias)
+    a.mean = _data(mean)
+    a.rstd = cnp.PyArray_DATA(rstd)
+    a.M = M
+    a.N = N
+    a.eps = eps
+    a.center = center
+    cdef int T = _threads_for(M * N, num_threads)
+    cdef int rc
+    with nogil:
+        rc = _forward(ops, &a, T)
+    if rc != 0:
+        raise MemoryError("cynorm: could not allocate scratch memory")
+
+
+def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, cnp.ndarray rstd,
+             object weight, cnp.ndarray dx, object dweight, object dbias,
+             int64_t M, int64_t N, int num_threads):
+    """dx for M rows of N elements; dweight/dbias (param dtype) when given."""
+    cdef const cn_ops *ops = cn_get_ops(pair)
+    if ops == NULL:
+        raise ValueError(f"unknown kernel pair {pair}")
+    cdef cn_bwd_args a
+    a.dy = cnp.PyArray_DATA(dy)
+    a.x = cnp.PyArray_DATA(x)
+    a.mean = _data(mean)
+    a.rstd = cnp.PyArray_DATA(rstd)
+    a.w = _data(weight)
+    a.dx = cnp.PyArray_DATA(dx)
+    a.M = M
+    a.N = N
+    a.center = center
+    cdef int k = 0
+    if dweight is not None:
+        k = 2 if dbias is not None else 1
+    cdef char *out_dw = <char *>_data(dweight)
+    cdef char *out_db = <char *>_data(dbias)
+    cdef int T = _threads_for(M * N, num_threads)
+    cdef int rc
+    with nogil:
+        rc = _backward(ops, &a, T, k, out_dw, out_db)
+    if rc != 0:
+        raise MemoryError("cynorm: could not allocate scratch memory")
+
+
+# ------------------------------------------------------------ introspection --
+
+def set_min_elems_per_thread(int64_t n):
+    """Set the work threshold below which calls stay on one thread; returns the old value.
+
+    For tests only: a threshold of 1 makes tiny inputs take the parallel paths."""
+    global MIN_ELEMS_PER_THREAD
+    old = MIN_ELEMS_PER_THREAD
+    MIN_ELEMS_PER_THREAD = n if n > 0 else 1
+    return old
+
+
+def isa():
+    """Name of the ISA level this module was compiled for."""
+    return CN_ISA_NAME.decode()
+
+
+def openmp():
+    """True when this module was built with OpenMP."""
+    return bool(CN_OPENMP)
+
+
+def max_threads():
+    """omp_get_max_threads() for the calling thread (1 without OpenMP)."""
+    return omp_get_max_threads()
+
+
+def small_row_limit(int pair):
+    """Rows up to this length take the in-register kernels."""
+    return cn_get_ops(pair).small_max
+
+
+def omp_probe(int64_t n):
+    """Threads a default-sized parallel region gets (as threadpoolctl's own test
+    helper measures it): omp_get_num_threads() from inside a prange."""
+    cdef int64_t i, total = 0
+    cdef int nthreads = 1
+    for i in prange(n, nogil=True, schedule='static'):
+        nthreads = omp_get_num_threads()
+        total += i
+    if total != n * (n - 1) // 2:
+        raise AssertionError("omp_probe: wrong sum")
+    return nthreads
+
+
+def f32_to_bf16(cnp.ndarray src, cnp.ndarray dst):
+    """Vector-path conversion, for tests: float32 -> bfloat16 bits (uint16)."""
+    cn_f32_to_bf16_array(<const float *>cnp.PyArray_DATA(src), <uint16_t *>cnp.PyArray_DATA(dst), src.size)
+
+
+def f32_to_f16(cnp.ndarray src, cnp.ndarray dst):
+    """Vector-path conversion, for tests: float32 -> float16 bits (uint16)."""
+    cn_f32_to_f16_array(<const float *>cnp.PyArray_DATA(src), <uint16_t *>cnp.PyArray_DATA(dst), src.size)
+
+
+def f16_to_f32(cnp.ndarray src, cnp.ndarray dst):
+    """Vector-path conversion, for tests: float16 bits (uint16) -> float32."""
+    cn_f16_to_f32_array(<const uint16_t *>cnp.PyArray_DATA(src), <float *>cnp.PyArray_DATA(dst), src.size)

@@ -1,0 +1,213 @@
+/*
+ * cn_kernels.h -- one table of row operations per (x dtype, param dtype) pair.
+ *
+ * The row math lives in cn_rows.h and is instantiated here six times. The
+ * Cython layer (_kernels.pxi) looks a table up once per call and decides how
+ * rows and column chunks are spread over threads.
+ */
+#ifndef CN_KERNELS_H
+#define CN_KERNELS_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stddef.h>
+#include "cn_simd.h"
+
+/* Pair codes; the Python dtype layer (_dtypes.py) uses the same numbers. */
+enum {
+    CN_PAIR_F32 = 0,      /* float32  x, float32  params */
+    CN_PAIR_F64 = 1,      /* float64  x, float64  params */
+    CN_PAIR_BF16 = 2,     /* bfloat16 x, bfloat16 params */
+    CN_PAIR_BF16_F32 = 3, /* bfloat16 x, float32  params (mixed) */
+    CN_PAIR_F16 = 4,      /* float16  x, float16  params */
+    CN_PAIR_F16_F32 = 5,  /* float16  x, float32  params (mixed) */
+    CN_NUM_PAIRS = 6
+};
+
+/* Rows are cut into chunks of this many elements. Results depend on it, so it
+ * is a constant, never derived from the thread count or the cache size. */
+#define CN_CHUNK 2048
+
+typedef struct {
+    const void *x;
+    void *y;
+    const void *w, *b;   /* NULL when absent */
+    void *mean, *rstd;   /* accumulator dtype, one per row; mean may be NULL */
+    int64_t M, N;
+    double eps;
+    int center;          /* 1: LayerNorm, 0: RMSNorm */
+} cn_fwd_args;
+
+typedef struct {
+    const void *dy, *x, *mean, *rstd, *w; /* mean unused (may be NULL) for RMSNorm */
+    void *dx;
+    int64_t M, N;
+    int center;
+} cn_bwd_args;
+
+/* Moments of a run of elements relative to the row's pivot P (its first
+ * element): delta = mean - P, m2 = sum of squared deviations. Keeping the
+ * mean as P + delta keeps y accurate when |mean| >> std. */
+typedef struct {
+    double n, delta, m2;
+} cn_moments;
+
+/* What the normalizing pass needs for one row (values already rounded to the
+ * accumulator dtype). ok == 0: row already written by the overflow rescue. */
+typedef struct {
+    double pivot, delta, rstd;
+    int ok;
+} cn_row_stats;
+
+/* Chan et al. pairwise update; with delta == 0 (RMSNorm) it is a plain sum. */
+CN_INLINE void cn_moments_merge(cn_moments *a, const cn_moments *b)
+{
+    double n = a->n + b->n;
+    double d = b->delta - a->delta;
+    a->delta += d * (b->n / n);
+    a->m2 += b->m2 + d * d * (a->n * (b->n / n));
+    a->n = n;
+}
+
+CN_INLINE double cn_rstd(double m2, double n, double eps)
+{
+    double var = m2 / n;
+    if (var < 0.0) var = 0.0; /* rounding can leave -tiny; NaN passes through */
+    return 1.0 / sqrt(var + eps);
+}
+
+/* scalar conversions used by pivots and the rare double-precision rescue */
+CN_INLINE float cn_scalar_f32(float v) { return v; }
+CN_INLINE double cn_scalar_f64(double v) { return v; }
+CN_INLINE float cn_scalar_bf16(cn_bf16 v) { return cn_bf16_to_f32(v); }
+CN_INLINE float cn_scalar_f16(cn_f16 v) { return cn_f16_to_f32(v); }
+CN_INLINE float cn_unscalar_f32(double v) { return (float)v; }
+CN_INLINE double cn_unscalar_f64(double v) { return v; }
+CN_INLINE cn_bf16 cn_unscalar_bf16(double v) { return cn_f32_to_bf16((float)v); }
+CN_INLINE cn_f16 cn_unscalar_f16(double v) { return cn_f32_to_f16((float)v); }
+
+typedef struct {
+    int x_size, p_size, acc_size; /* bytes per element */
+    int64_t small_max;            /* rows up to this length use the in-register kernels */
+    /* whole rows */
+    void (*fwd_rows)(const cn_fwd_args *, int64_t r0, int64_t r1);
+    /* team path: chunks of rows */
+    void (*fwd_chunk)(const cn_fwd_args *, int64_t row, int64_t c0, int64_t c1, cn_moments *out);
+    void (*fwd_finish)(const cn_fwd_args *, int64_t row, const cn_moments *total, cn_row_stats *out);
+    void (*fwd_apply)(const cn_fwd_args *, int64_t row, int64_t c0, int64_t c1, const cn_row_stats *st);
+    /* rows of one block, and their chunk-level pieces */
+    void (*bwd_rows)(const cn_bwd_args *, int64_t r0, int64_t r1, void *dw_part, void *db_part);
+    void (*bwd_chunk)(const cn_bwd_args *, int64_t row, int64_t c0, int64_t c1, void *dw_part, void *db_part,
+                      int init, double *s1, double *s2);
+    void (*bwd_apply)(const cn_bwd_args *, int64_t row, int64_t c0, int64_t c1, double s1, double s2);
+    /* partial sums (accumulator dtype) */
+    void (*acc_add)(void *dst, const void *src, int64_t c0, int64_t c1);
+    void (*acc_to_param)(void *out, const void *src, int64_t c0, int64_t c1);
+} cn_ops;
+
+#define CN_SFX f32_f32
+#define CN_XT float
+#define CN_XS f32
+#define CN_PT float
+#define CN_PS f32
+#define CN_LANE vf
+#define CN_LANE_IS_VD 0
+#define CN_AT float
+#include "cn_rows.h"
+#undef CN_SFX
+#undef CN_XT
+#undef CN_XS
+#undef CN_PT
+#undef CN_PS
+
+#define CN_SFX bf16_bf16
+#define CN_XT cn_bf16
+#define CN_XS bf16
+#define CN_PT cn_bf16
+#define CN_PS bf16
+#include "cn_rows.h"
+#undef CN_SFX
+#undef CN_PT
+#undef CN_PS
+
+#define CN_SFX bf16_f32
+#define CN_PT float
+#define CN_PS f32
+#include "cn_rows.h"
+#undef CN_SFX
+#undef CN_XT
+#undef CN_XS
+#undef CN_PT
+#undef CN_PS
+
+#define CN_SFX f16_f16
+#define CN_XT cn_f16
+#define CN_XS f16
+#define CN_PT cn_f16
+#define CN_PS f16
+#include "cn_rows.h"
+#undef CN_SFX
+#undef CN_PT
+#undef CN_PS
+
+#define CN_SFX f16_f32
+#define CN_PT float
+#define CN_PS f32
+#include "cn_rows.h"
+#undef CN_SFX
+#undef CN_XT
+#undef CN_XS
+#undef CN_PT
+#undef CN_PS
+#undef CN_LANE
+#undef CN_LANE_IS_VD
+#undef CN_AT
+
+#define CN_SFX f64_f64
+#define CN_XT double
+#define CN_XS f64
+#define CN_PT double
+#define CN_PS f64
+#define CN_LANE vd
+#define CN_LANE_IS_VD 1
+#define CN_AT double
+#include "cn_rows.h"
+#undef CN_SFX
+#undef CN_XT
+#undef CN_XS
+#undef CN_PT
+#undef CN_PS
+#undef CN_LANE
+#undef CN_LANE_IS_VD
+#undef CN_AT
+
+static const cn_ops *const cn_ops_table[CN_NUM_PAIRS] = {
+    &cn_ops_f32_f32, &cn_ops_f64_f64, &cn_ops_bf16_bf16, &cn_ops_bf16_f32, &cn_ops_f16_f16, &cn_ops_f16_f32,
+};
+
+static const cn_ops *cn_get_ops(int pair)
+{
+    return (pair >= 0 && pair < CN_NUM_PAIRS) ? cn_ops_table[pair] : NULL;
+}
+
+/* ---- conversion probes for the tests: the vector paths of this ISA level ---- */
+static void cn_f32_to_bf16_array(const float *src, cn_bf16 *dst, int64_t n)
+{
+    int64_t j = 0;
+    for (; j + CN_VF_LANES <= n; j += CN_VF_LANES) cn_vf_store_bf16(dst + j, cn_vf_load_f32(src + j));
+    if (j < n) cn_vf_storen_bf16(dst + j, cn_vf_loadn_f32(src + j, n - j), n - j);
+}
+static void cn_f32_to_f16_array(const float *src, cn_f16 *dst, int64_t n)
+{
+    int64_t j = 0;
+    for (; j + CN_VF_LANES <= n; j += CN_VF_LANES) cn_vf_store_f16(dst + j, cn_vf_load_f32(src + j));
+    if (j < n) cn_vf_storen_f16(dst + j, cn_vf_loadn_f32(src + j, n - j), n - j);
+}
+static void cn_f16_to_f32_array(const cn_f16 *src, float *dst, int64_t n)
+{
+    int64_t j = 0;
+    for (; j + CN_VF_LANES <= n; j += CN_VF_LANES) cn_vf_store_f32(dst + j, cn_vf_load_f16(src + j));
+    if (j < n) cn_vf_storen_f32(dst + j, cn_vf_loadn_f16(src + j, n - j), n - j);
+}
+
+#endif /* CN_KERNELS_H */

@@ -1,0 +1,335 @@
+/*
+ * cn_simd.h -- the only file in cynorm that uses SIMD intrinsics.
+ *
+ * It gives the kernels two vector types and a few operations on them:
+ *   cn_vf : fp32 lanes (used for float32, bfloat16 and float16 data)
+ *   cn_vd : fp64 lanes (used for float64 data)
+ * plus loads and stores between those lanes and every storage format, with
+ * tails (the first n lanes only), and fixed-order horizontal sums.
+ *
+ * The same source is compiled once per ISA level; the level is picked from the
+ * compiler flags of that translation unit (never from -march=native):
+ *   AVX-512 (F/BW/VL/DQ) [+ AVX512_BF16]  |  AVX2 + FMA + F16C  |  generic C
+ * The generic path is plain C that any compiler can auto-vectorize; it is the
+ * x86-64 baseline and the path for every other architecture.
+ *
+ * Rounding contract (identical on every path, tested bit for bit):
+ *   fp32 -> bf16 : round to nearest even; NaN stays NaN (made quiet, sign and top
+ *                  payload kept); fp32 subnormal inputs become signed zero,
+ *                  because the hardware instruction VCVTNEPS2BF16 does that.
+ *   fp32 -> f16  : round to nearest even, IEEE subnormals, overflow to inf,
+ *                  NaN made quiet (what VCVTPS2PH does).
+ *   bf16/f16 -> fp32 : exact (f16 signalling NaNs come back quiet, as in F16C).
+ */
+#ifndef CN_SIMD_H
+#define CN_SIMD_H
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(_MSC_VER) && !defined(__clang__)
+#  define CN_INLINE static __forceinline
+#else
+#  define CN_INLINE static inline __attribute__((always_inline))
+#endif
+
+/* ------------------------------------------------------------------ ISA -- */
+#if !defined(CN_FORCE_GENERIC) && defined(__AVX512F__) && defined(__AVX512BW__) \
+    && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#  define CN_AVX512 1
+#  if defined(__AVX512BF16__)
+#    define CN_HW_BF16 1
+#    define CN_ISA_NAME "avx512_bf16"
+#  else
+#    define CN_ISA_NAME "avx512"
+#  endif
+#elif !defined(CN_FORCE_GENERIC) && defined(__AVX2__) && (defined(__FMA__) || defined(_MSC_VER))
+#  define CN_AVX2 1
+#  define CN_ISA_NAME "avx2"
+#else
+#  define CN_GENERIC 1
+#  define CN_ISA_NAME "baseline"
+#endif
+
+#if defined(CN_AVX512) || defined(CN_AVX2)
+#  include <immintrin.h>
+#endif
+
+typedef uint16_t cn_bf16; /* bfloat16 bit pattern */
+typedef uint16_t cn_f16;  /* IEEE binary16 bit pattern */
+
+/* ------------------------------------------------- scalar conversions -- */
+CN_INLINE uint32_t cn_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+CN_INLINE float cn_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+CN_INLINE float cn_bf16_to_f32(cn_bf16 h) { return cn_bits_f32((uint32_t)h << 16); }
+
+CN_INLINE cn_bf16 cn_f32_to_bf16(float f)
+{
+    uint32_t u = cn_f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)          /* NaN: quiet it, keep sign/payload */
+        return (cn_bf16)((u >> 16) | 0x40u);
+    if ((u & 0x7f800000u) == 0)                   /* subnormal -> signed zero (as the HW) */
+        u &= 0x80000000u;
+    u += 0x7fffu + ((u >> 16) & 1u);              /* round to nearest even */
+    return (cn_bf16)(u >> 16);
+}
+
+CN_INLINE float cn_f16_to_f32(cn_f16 h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (exp == 0x1f)                               /* inf, or NaN made quiet */
+        return cn_bits_f32(sign | 0x7f800000u | (man << 13) | (man ? 0x400000u : 0u));
+    if (exp == 0) {                                /* zero or subnormal: man * 2^-24, exact */
+        float v = (float)man * 5.9604644775390625e-08f;
+        return sign ? -v : v;
+    }
+    return cn_bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+CN_INLINE cn_f16 cn_f32_to_f16(float f)
+{
+    uint32_t u = cn_f32_bits(f);
+    uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u)                           /* NaN: quiet, keep top payload bits */
+        return (cn_f16)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    if (a >= 0x477ff000u)                          /* >= 65520 rounds to inf */
+        return (cn_f16)(sign | 0x7c00u);
+    if (a >= 0x38800000u) {                        /* normal f16: rebias, round to nearest even */
+        uint32_t r = a - 0x38000000u;
+        r += 0xfffu + ((r >> 13) & 1u);
+        return (cn_f16)(sign | (r >> 13));
+    }
+    /* f16 subnormal or zero: an fp32 add with 0.5 rounds at exactly the right bit */
+    {
+        float t = cn_bits_f32(a) + 0.5f;
+        return (cn_f16)(sign | (cn_f32_bits(t) - 0x3f000000u));
+    }
+}
+
+/* =================================================================== AVX-512 */
+#if defined(CN_AVX512)
+
+typedef __m512 cn_vf;
+typedef __m512d cn_vd;
+#define CN_VF_LANES 16
+#define CN_VD_LANES 8
+
+CN_INLINE __mmask16 cn_mask16(int64_t n) { return (__mmask16)((1u << n) - 1u); }
+CN_INLINE __mmask8 cn_mask8(int64_t n) { return (__mmask8)((1u << n) - 1u); }
+
+CN_INLINE cn_vf cn_vf_zero(void) { return _mm512_setzero_ps(); }
+CN_INLINE cn_vf cn_vf_set1(float s) { return _mm512_set1_ps(s); }
+CN_INLINE cn_vf cn_vf_add(cn_vf a, cn_vf b) { return _mm512_add_ps(a, b); }
+CN_INLINE cn_vf cn_vf_sub(cn_vf a, cn_vf b) { return _mm512_sub_ps(a, b); }
+CN_INLINE cn_vf cn_vf_mul(cn_vf a, cn_vf b) { return _mm512_mul_ps(a, b); }
+CN_INLINE cn_vf cn_vf_fmadd(cn_vf a, cn_vf b, cn_vf c) { return _mm512_fmadd_ps(a, b, c); }
+CN_INLINE cn_vf cn_vf_fnmadd(cn_vf a, cn_vf b, cn_vf c) { return _mm512_fnmadd_ps(a, b, c); }
+CN_INLINE cn_vf cn_vf_keepn(cn_vf v, int64_t n) { return _mm512_maskz_mov_ps(cn_mask16(n), v); }
+CN_INLINE float cn_vf_hsum(cn_vf v)
+{
+    __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+    return _mm_cvtss_f32(s4);
+}
+
+CN_INLINE cn_vf cn_vf_load_f32(const float *p) { return _mm512_loadu_ps(p); }
+CN_INLINE cn_vf cn_vf_loadn_f32(const float *p, int64_t n) { return _mm512_maskz_loadu_ps(cn_mask16(n), p); }
+CN_INLINE void cn_vf_store_f32(float *p, cn_vf v) { _mm512_storeu_ps(p, v); }
+CN_INLINE void cn_vf_storen_f32(float *p, cn_vf v, int64_t n) { _mm512_mask_storeu_ps(p, cn_mask16(n), v); }
+
+CN_INLINE cn_vf cn_vf_from_bf16_bits(__m256i h)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+CN_INLINE __m256i cn_vf_to_bf16_bits(cn_vf v)
+{
+#if defined(CN_HW_BF16)
+    /* VCVTNEPS2BF16: RNE, quiet NaN, subnormal inputs flushed -- same as the scalar path */
+    return (__m256i)_mm512_cvtneps_pbh(v);
+#else
+    __m512i u = _mm512_castps_si512(v);
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    __mmask16 sub = _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000));
+    u = _mm512_mask_and_epi32(u, sub, u, _mm512_set1_epi32((int)0x80000000u));
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x400000));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+#endif
+}
+CN_INLINE cn_vf cn_vf_load_bf16(const cn_bf16 *p) { return cn_vf_from_bf16_bits(_mm256_loadu_si256((const __m256i *)p)); }
+CN_INLINE cn_vf cn_vf_loadn_bf16(const cn_bf16 *p, int64_t n) { return cn_vf_from_bf16_bits(_mm256_maskz_loadu_epi16(cn_mask16(n), p)); }
+CN_INLINE void cn_vf_store_bf16(cn_bf16 *p, cn_vf v) { _mm256_storeu_si256((__m256i *)p, cn_vf_to_bf16_bits(v)); }
+CN_INLINE void cn_vf_storen_bf16(cn_bf16 *p, cn_vf v, int64_t n) { _mm256_mask_storeu_epi16(p, cn_mask16(n), cn_vf_to_bf16_bits(v)); }
+
+#define CN_F16_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+CN_INLINE cn_vf cn_vf_load_f16(const cn_f16 *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+CN_INLINE cn_vf cn_vf_loadn_f16(const cn_f16 *p, int64_t n) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(cn_mask16(n), p)); }
+CN_INLINE void cn_vf_store_f16(cn_f16 *p, cn_vf v) { _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(v, CN_F16_RNE)); }
+CN_INLINE void cn_vf_storen_f16(cn_f16 *p, cn_vf v, int64_t n) { _mm256_mask_storeu_epi16(p, cn_mask16(n), _mm512_cvtps_ph(v, CN_F16_RNE)); }
+
+CN_INLINE cn_vd cn_vd_zero(void) { return _mm512_setzero_pd(); }
+CN_INLINE cn_vd cn_vd_set1(double s) { return _mm512_set1_pd(s); }
+CN_INLINE cn_vd cn_vd_add(cn_vd a, cn_vd b) { return _mm512_add_pd(a, b); }
+CN_INLINE cn_vd cn_vd_sub(cn_vd a, cn_vd b) { return _mm512_sub_pd(a, b); }
+CN_INLINE cn_vd cn_vd_mul(cn_vd a, cn_vd b) { return _mm512_mul_pd(a, b); }
+CN_INLINE cn_vd cn_vd_fmadd(cn_vd a, cn_vd b, cn_vd c) { return _mm512_fmadd_pd(a, b, c); }
+CN_INLINE cn_vd cn_vd_fnmadd(cn_vd a, cn_vd b, cn_vd c) { return _mm512_fnmadd_pd(a, b, c); }
+CN_INLINE cn_vd cn_vd_keepn(cn_vd v, int64_t n) { return _mm512_maskz_mov_pd(cn_mask8(n), v); }
+CN_INLINE double cn_vd_hsum(cn_vd v)
+{
+    __m256d s4 = _mm256_add_pd(_mm512_castpd512_pd256(v), _mm512_extractf64x4_pd(v, 1));
+    __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+}
+CN_INLINE cn_vd cn_vd_load_f64(const double *p) { return _mm512_loadu_pd(p); }
+CN_INLINE cn_vd cn_vd_loadn_f64(const double *p, int64_t n) { return _mm512_maskz_loadu_pd(cn_mask8(n), p); }
+CN_INLINE void cn_vd_store_f64(double *p, cn_vd v) { _mm512_storeu_pd(p, v); }
+CN_INLINE void cn_vd_storen_f64(double *p, cn_vd v, int64_t n) { _mm512_mask_storeu_pd(p, cn_mask8(n), v); }
+
+/* ====================================================================== AVX2 */
+#elif defined(CN_AVX2)
+
+typedef __m256 cn_vf;
+typedef __m256d cn_vd;
+#define CN_VF_LANES 8
+#define CN_VD_LANES 4
+
+/* Sliding windows: loading at (table + 8 - n) gives a mask of n leading ones. */
+static const int32_t cn_mask32_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+static const int64_t cn_mask64_table[8] = {-1, -1, -1, -1, 0, 0, 0, 0};
+CN_INLINE __m256i cn_mask32(int64_t n) { return _mm256_loadu_si256((const __m256i *)(cn_mask32_table + 8 - n)); }
+CN_INLINE __m256i cn_mask64(int64_t n) { return _mm256_loadu_si256((const __m256i *)(cn_mask64_table + 4 - n)); }
+
+CN_INLINE cn_vf cn_vf_zero(void) { return _mm256_setzero_ps(); }
+CN_INLINE cn_vf cn_vf_set1(float s) { return _mm256_set1_ps(s); }
+CN_INLINE cn_vf cn_vf_add(cn_vf a, cn_vf b) { return _mm256_add_ps(a, b); }
+CN_INLINE cn_vf cn_vf_sub(cn_vf a, cn_vf b) { return _mm256_sub_ps(a, b); }
+CN_INLINE cn_vf cn_vf_mul(cn_vf a, cn_vf b) { return _mm256_mul_ps(a, b); }
+CN_INLINE cn_vf cn_vf_fmadd(cn_vf a, cn_vf b, cn_vf c) { return _mm256_fmadd_ps(a, b, c); }
+CN_INLINE cn_vf cn_vf_fnmadd(cn_vf a, cn_vf b, cn_vf c) { return _mm256_fnmadd_ps(a, b, c); }
+CN_INLINE cn_vf cn_vf_keepn(cn_vf v, int64_t n) { return _mm256_and_ps(v, _mm256_castsi256_ps(cn_mask32(n))); }
+CN_INLINE float cn_vf_hsum(cn_vf v)
+{
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+    return _mm_cvtss_f32(s4);
+}
+
+CN_INLINE cn_vf cn_vf_load_f32(const float *p) { return _mm256_loadu_ps(p); }
+CN_INLINE cn_vf cn_vf_loadn_f32(const float *p, int64_t n) { return _mm256_maskload_ps(p, cn_mask32(n)); }
+CN_INLINE void cn_vf_store_f32(float *p, cn_vf v) { _mm256_storeu_ps(p, v); }
+CN_INLINE void cn_vf_storen_f32(float *p, cn_vf v, int64_t n) { _mm256_maskstore_ps(p, cn_mask32(n), v); }
+
+/* 16-bit tails go through a small stack buffer: AVX2 has no 16-bit masked moves. */
+CN_INLINE __m128i cn_load16n(const uint16_t *p, int64_t n)
+{
+    uint16_t buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    memcpy(buf, p, (size_t)n * 2);
+    return _mm_loadu_si128((const __m128i *)buf);
+}
+CN_INLINE void cn_store16n(uint16_t *p, __m128i h, int64_t n)
+{
+    uint16_t buf[8];
+    _mm_storeu_si128((__m128i *)buf, h);
+    memcpy(p, buf, (size_t)n * 2);
+}
+
+CN_INLINE cn_vf cn_vf_from_bf16_bits(__m128i h)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+CN_INLINE __m128i cn_vf_to_bf16_bits(cn_vf v)
+{
+    __m256i u = _mm256_castps_si256(v);
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    __m256i sub = _mm256_cmpeq_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7f800000)), _mm256_setzero_si256());
+    u = _mm256_blendv_epi8(u, _mm256_and_si256(u, _mm256_set1_epi32((int)0x80000000u)), sub);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
+    r = _mm256_srli_epi32(r, 16);
+    /* pack 8 x u32 -> 8 x u16 (values fit, so the saturating pack is exact) */
+    r = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    return _mm256_castsi256_si128(r);
+}
+CN_INLINE cn_vf cn_vf_load_bf16(const cn_bf16 *p) { return cn_vf_from_bf16_bits(_mm_loadu_si128((const __m128i *)p)); }
+CN_INLINE cn_vf cn_vf_loadn_bf16(const cn_bf16 *p, int64_t n) { return cn_vf_from_bf16_bits(cn_load16n(p, n)); }
+CN_INLINE void cn_vf_store_bf16(cn_bf16 *p, cn_vf v) { _mm_storeu_si128((__m128i *)p, cn_vf_to_bf16_bits(v)); }
+CN_INLINE void cn_vf_storen_bf16(cn_bf16 *p, cn_vf v, int64_t n) { cn_store16n(p, cn_vf_to_bf16_bits(v), n); }
+
+#define CN_F16_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+CN_INLINE cn_vf cn_vf_load_f16(const cn_f16 *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+CN_INLINE cn_vf cn_vf_loadn_f16(const cn_f16 *p, int64_t n) { return _mm256_cvtph_ps(cn_load16n(p, n)); }
+CN_INLINE void cn_vf_store_f16(cn_f16 *p, cn_vf v) { _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, CN_F16_RNE)); }
+CN_INLINE void cn_vf_storen_f16(cn_f16 *p, cn_vf v, int64_t n) { cn_store16n(p, _mm256_cvtps_ph(v, CN_F16_RNE), n); }
+
+CN_INLINE cn_vd cn_vd_zero(void) { return _mm256_setzero_pd(); }
+CN_INLINE cn_vd cn_vd_set1(double s) { return _mm256_set1_pd(s); }
+CN_INLINE cn_vd cn_vd_add(cn_vd a, cn_vd b) { return _mm256_add_pd(a, b); }
+CN_INLINE cn_vd cn_vd_sub(cn_vd a, cn_vd b) { return _mm256_sub_pd(a, b); }
+CN_INLINE cn_vd cn_vd_mul(cn_vd a, cn_vd b) { return _mm256_mul_pd(a, b); }
+CN_INLINE cn_vd cn_vd_fmadd(cn_vd a, cn_vd b, cn_vd c) { return _mm256_fmadd_pd(a, b, c); }
+CN_INLINE cn_vd cn_vd_fnmadd(cn_vd a, cn_vd b, cn_vd c) { return _mm256_fnmadd_pd(a, b, c); }
+CN_INLINE cn_vd cn_vd_keepn(cn_vd v, int64_t n) { return _mm256_and_pd(v, _mm256_castsi256_pd(cn_mask64(n))); }
+CN_INLINE double cn_vd_hsum(cn_vd v)
+{
+    __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+}
+CN_INLINE cn_vd cn_vd_load_f64(const double *p) { return _mm256_loadu_pd(p); }
+CN_INLINE cn_vd cn_vd_loadn_f64(const double *p, int64_t n) { return _mm256_maskload_pd(p, cn_mask64(n)); }
+CN_INLINE void cn_vd_store_f64(double *p, cn_vd v) { _mm256_storeu_pd(p, v); }
+CN_INLINE void cn_vd_storen_f64(double *p, cn_vd v, int64_t n) { _mm256_maskstore_pd(p, cn_mask64(n), v); }
+
+/* =================================================================== generic */
+#else
+
+/* Fixed-width structs of plain C: compilers turn these loops into whatever
+ * vector unit the target has (SSE2 on x86-64, NEON on arm64, ...). */
+#define CN_VF_LANES 8
+#define CN_VD_LANES 4
+typedef struct { float v[CN_VF_LANES]; } cn_vf;
+typedef struct { double v[CN_VD_LANES]; } cn_vd;
+
+#define CN_GEN_ARITH(V, S, L)                                                                   \
+    CN_INLINE V V##_zero(void) { V r; for (int i = 0; i < L; i++) r.v[i] = 0; return r; }       \
+    CN_INLINE V V##_set1(S s) { V r; for (int i = 0; i < L; i++) r.v[i] = s; return r; }        \
+    CN_INLINE V V##_add(V a, V b) { for (int i = 0; i < L; i++) a.v[i] += b.v[i]; return a; }   \
+    CN_INLINE V V##_sub(V a, V b) { for (int i = 0; i < L; i++) a.v[i] -= b.v[i]; return a; }   \
+    CN_INLINE V V##_mul(V a, V b) { for (int i = 0; i < L; i++) a.v[i] *= b.v[i]; return a; }   \
+    CN_INLINE V V##_fmadd(V a, V b, V c) { for (int i = 0; i < L; i++) c.v[i] += a.v[i] * b.v[i]; return c; } \
+    CN_INLINE V V##_fnmadd(V a, V b, V c) { for (int i = 0; i < L; i++) c.v[i] -= a.v[i] * b.v[i]; return c; } \
+    CN_INLINE V V##_keepn(V a, int64_t n) { for (int i = 0; i < L; i++) if (i >= n) a.v[i] = 0; return a; }
+
+CN_GEN_ARITH(cn_vf, float, CN_VF_LANES)
+CN_GEN_ARITH(cn_vd, double, CN_VD_LANES)
+
+CN_INLINE float cn_vf_hsum(cn_vf a)
+{
+    return ((a.v[0] + a.v[4]) + (a.v[2] + a.v[6])) + ((a.v[1] + a.v[5]) + (a.v[3] + a.v[7]));
+}
+CN_INLINE double cn_vd_hsum(cn_vd a) { return (a.v[0] + a.v[2]) + (a.v[1] + a.v[3]); }
+
+/* load/store between lanes V of scalar S and storage T through converters TO/FROM */
+#define CN_GEN_IO(V, L, SUFFIX, T, TO_LANE, FROM_LANE)                                           \
+    CN_INLINE V V##_load_##SUFFIX(const T *p) { V r; for (int i = 0; i < L; i++) r.v[i] = TO_LANE(p[i]); return r; } \
+    CN_INLINE V V##_loadn_##SUFFIX(const T *p, int64_t n)                                        \
+    { V r; for (int i = 0; i < L; i++) r.v[i] = i < n ? TO_LANE(p[i]) : 0; return r; }           \
+    CN_INLINE void V##_store_##SUFFIX(T *p, V a) { for (int i = 0; i < L; i++) p[i] = FROM_LANE(a.v[i]); } \
+    CN_INLINE void V##_storen_##SUFFIX(T *p, V a, int64_t n) { for (int i = 0; i < n; i++) p[i] = FROM_LANE(a.v[i]); }
+
+#define CN_SAME(x) (x)
+CN_GEN_IO(cn_vf, CN_VF_LANES, f32, float, CN_SAME, CN_SAME)
+CN_GEN_IO(cn_vf, CN_VF_LANES, bf16, cn_bf16, cn_bf16_to_f32, cn_f32_to_bf16)
+CN_GEN_IO(cn_vf, CN_VF_LANES, f16, cn_f16, cn_f16_to_f32, cn_f32_to_f16)
+CN_GEN_IO(cn_vd, CN_VD_LANES, f64, double, CN_SAME, CN_SAME)
+
+#endif /* ISA */
+
+#endif /* CN_SIMD_H */

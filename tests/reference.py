@@ -1,0 +1,74 @@
+"""Plain-NumPy float64 reference implementations: the oracle for every kernel.
+
+In the style of bottleneck's ``slow`` module: obviously correct, slow, and
+computed in float64 from exactly the values the kernel sees (inputs are
+upcast from their stored dtype, never re-rounded).
+"""
+
+import numpy as np
+
+
+def _f64(a):
+    return None if a is None else np.asarray(a).astype(np.float64)
+
+
+def _axes(x, axis):
+    axis = axis % x.ndim
+    return tuple(range(axis, x.ndim))
+
+
+def layer_norm(x, weight=None, bias=None, axis=-1, eps=1e-5):
+    """(y, mean, rstd) in float64; mean/rstd keep dims."""
+    x = _f64(x)
+    axes = _axes(x, axis)
+    mean = x.mean(axis=axes, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    rstd = 1.0 / np.sqrt(var + eps)
+    y = (x - mean) * rstd
+    if weight is not None:
+        y = y * _f64(weight)
+    if bias is not None:
+        y = y + _f64(bias)
+    return y, mean, rstd
+
+
+def layer_norm_backward(dy, x, mean, rstd, weight=None, axis=-1):
+    """(dx, dweight, dbias) in float64 from the given mean/rstd."""
+    dy, x, mean, rstd = _f64(dy), _f64(x), _f64(mean), _f64(rstd)
+    axes = _axes(x, axis)
+    lead = tuple(range(0, axis % x.ndim))
+    mean = mean.reshape(x.shape[: axis % x.ndim] + (1,) * len(axes))
+    rstd = rstd.reshape(mean.shape)
+    xhat = (x - mean) * rstd
+    g = dy * _f64(weight) if weight is not None else dy
+    c1 = g.mean(axis=axes, keepdims=True)
+    c2 = (g * xhat).mean(axis=axes, keepdims=True)
+    dx = rstd * (g - c1 - xhat * c2)
+    if weight is None:
+        return dx, None, None
+    return dx, (dy * xhat).sum(axis=lead), dy.sum(axis=lead)
+
+
+def rms_norm(x, weight=None, axis=-1, eps=1e-6):
+    """(y, rstd) in float64; rstd keeps dims."""
+    x = _f64(x)
+    axes = _axes(x, axis)
+    rstd = 1.0 / np.sqrt((x * x).mean(axis=axes, keepdims=True) + eps)
+    y = x * rstd
+    if weight is not None:
+        y = y * _f64(weight)
+    return y, rstd
+
+
+def rms_norm_backward(dy, x, rstd, weight=None, axis=-1):
+    """(dx, dweight) in float64 from the given rstd."""
+    dy, x, rstd = _f64(dy), _f64(x), _f64(rstd)
+    axes = _axes(x, axis)
+    lead = tuple(range(0, axis % x.ndim))
+    rstd = rstd.reshape(x.shape[: axis % x.ndim] + (1,) * len(axes))
+    xhat = x * rstd
+    g = dy * _f64(weight) if weight is not None else dy
+    dx = rstd * (g - xhat * (g * xhat).mean(axis=axes, keepdims=True))
+    if weight is None:
+        return dx, None
+    return dx, (dy * xhat).sum(axis=lead)
