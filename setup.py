@@ -10,6 +10,9 @@ Environment knobs (all optional):
   CYNORM_SANITIZE=address,undefined
                               build with those -fsanitize= checks (tools/sanitize.sh)
   CYNORM_DEBUG=1              -O1 -g instead of -O3
+  CYNORM_BUILD_LEVELS=baseline,avx512_bf16
+                              build only these ISA levels (development; the
+                              baseline is always built)
 """
 
 import os
@@ -44,6 +47,9 @@ ISA_FLAGS = {
     ),
 }
 LEVELS = ["baseline", "avx2", "avx512", "avx512_bf16"] if IS_X86 else ["baseline"]
+if os.environ.get("CYNORM_BUILD_LEVELS", "").strip():
+    _wanted = {"baseline"} | {lvl.strip() for lvl in os.environ["CYNORM_BUILD_LEVELS"].split(",")}
+    LEVELS = [lvl for lvl in LEVELS if lvl in _wanted]
 
 
 def _env_flag(name):
@@ -108,8 +114,7 @@ class BuildExt(build_ext):
             # copy of an inlined formula rounds the same way (determinism).
             base = ["-O1" if debug else "-O3", "-ffp-contract=off", "-fno-math-errno", "-std=c11",
                     "-Wno-unused-function", "-Wno-unreachable-code"]
-            if debug:
-                base.append("-g")
+            base.append("-g" if debug else "-g0")  # Python's CFLAGS carry -g
         san_compile, san_link = [], []
         sanitize = os.environ.get("CYNORM_SANITIZE", "").strip()
         if sanitize and not msvc:

@@ -34,6 +34,7 @@ cdef extern from "cn_kernels.h" nogil:
         int64_t N
         double eps
         int center
+        int stream
 
     ctypedef struct cn_bwd_args:
         const void *dy
@@ -45,6 +46,7 @@ cdef extern from "cn_kernels.h" nogil:
         int64_t M
         int64_t N
         int center
+        int stream
 
     ctypedef struct cn_moments:
         double n
@@ -74,6 +76,8 @@ cdef extern from "cn_kernels.h" nogil:
         void (*acc_to_param)(void *, const void *, int64_t, int64_t) noexcept nogil
 
     const cn_ops *cn_get_ops(int pair)
+    const int *cn_half_params
+    void cn_bf16_to_f32_array(const uint16_t *src, float *dst, int64_t n)
     void cn_moments_merge(cn_moments *a, const cn_moments *b)
     void cn_f32_to_bf16_array(const float *src, uint16_t *dst, int64_t n)
     void cn_f32_to_f16_array(const float *src, uint16_t *dst, int64_t n)
@@ -90,6 +94,9 @@ cdef int64_t TEAM_GROUP_BYTES = 4 << 20
 # The row path keeps one block's dweight/dbias partial in cache while it walks
 # the block's rows; beyond this size the team path is used instead.
 cdef int64_t PART_CACHE_BYTES = 256 << 10
+# Outputs at least this large are written with non-temporal stores: they will
+# not stay in cache anyway, and streaming skips reading every destination line.
+cdef int64_t STREAM_MIN_BYTES = 8 << 20
 # dweight/dbias are summed over fixed row blocks: at most MAX_BLOCKS blocks of
 # at least MIN_BLOCK_ROWS rows. Depends on M only -- never on threads.
 cdef int64_t MAX_BLOCKS = 64
@@ -324,6 +331,22 @@ cdef inline void *_data(object arr):
     return NULL if arr is None else cnp.PyArray_DATA(<cnp.ndarray>arr)
 
 
+cdef void _widen(int half, const void *src, float *dst, int64_t n) noexcept nogil:
+    """16-bit params -> float32 (exact), so one kernel serves bf16/bf16 and bf16/f32."""
+    if half == 1:
+        cn_bf16_to_f32_array(<const uint16_t *>src, dst, n)
+    else:
+        cn_f16_to_f32_array(<const uint16_t *>src, dst, n)
+
+
+cdef void _narrow(int half, const float *src, void *dst, int64_t n) noexcept nogil:
+    """float32 sums -> 16-bit params dtype, rounded once (RNE)."""
+    if half == 1:
+        cn_f32_to_bf16_array(src, <uint16_t *>dst, n)
+    else:
+        cn_f32_to_f16_array(src, <uint16_t *>dst, n)
+
+
 def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, object bias,
             object mean, cnp.ndarray rstd, int64_t M, int64_t N, double eps, int num_threads):
     """Normalize the M rows of N elements of x into y; write mean (if given) and rstd.
@@ -332,7 +355,9 @@ def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, 
     cdef const cn_ops *ops = cn_get_ops(pair)
     if ops == NULL:
         raise ValueError(f"unknown kernel pair {pair}")
+    cdef int half = cn_half_params[pair]
     cdef cn_fwd_args a
+    cdef float *wide = NULL
     a.x = cnp.PyArray_DATA(x)
     a.y = cnp.PyArray_DATA(y)
     a.w = _data(weight)
@@ -343,10 +368,24 @@ def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, 
     a.N = N
     a.eps = eps
     a.center = center
+    a.stream = M * N * ops.x_size >= STREAM_MIN_BYTES
     cdef int T = _threads_for(M * N, num_threads)
-    cdef int rc
+    cdef int rc = 0
     with nogil:
-        rc = _forward(ops, &a, T)
+        if half and (a.w != NULL or a.b != NULL):
+            wide = <float *>malloc(2 * N * sizeof(float))
+            if wide == NULL:
+                rc = -1
+            else:
+                if a.w != NULL:
+                    _widen(half, a.w, wide, N)
+                    a.w = wide
+                if a.b != NULL:
+                    _widen(half, a.b, wide + N, N)
+                    a.b = wide + N
+        if rc == 0:
+            rc = _forward(ops, &a, T)
+        free(wide)
     if rc != 0:
         raise MemoryError("cynorm: could not allocate scratch memory")
 
@@ -358,6 +397,7 @@ def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, 
     cdef const cn_ops *ops = cn_get_ops(pair)
     if ops == NULL:
         raise ValueError(f"unknown kernel pair {pair}")
+    cdef int half = cn_half_params[pair]
     cdef cn_bwd_args a
     a.dy = cnp.PyArray_DATA(dy)
     a.x = cnp.PyArray_DATA(x)
@@ -368,15 +408,34 @@ def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, 
     a.M = M
     a.N = N
     a.center = center
+    a.stream = M * N * ops.x_size >= STREAM_MIN_BYTES
     cdef int k = 0
     if dweight is not None:
         k = 2 if dbias is not None else 1
     cdef char *out_dw = <char *>_data(dweight)
     cdef char *out_db = <char *>_data(dbias)
     cdef int T = _threads_for(M * N, num_threads)
-    cdef int rc
+    cdef int rc = 0
+    cdef float *wide = NULL
     with nogil:
-        rc = _backward(ops, &a, T, k, out_dw, out_db)
+        if half and a.w != NULL:
+            # float32 copy of the weight, and float32 sums for dweight/dbias
+            wide = <float *>malloc((1 + k) * N * sizeof(float))
+            if wide == NULL:
+                rc = -1
+            else:
+                _widen(half, a.w, wide, N)
+                a.w = wide
+        if rc == 0:
+            if wide != NULL:
+                rc = _backward(ops, &a, T, k, <char *>(wide + N), <char *>(wide + 2 * N) if k == 2 else NULL)
+                if rc == 0:
+                    _narrow(half, wide + N, out_dw, N)
+                    if k == 2:
+                        _narrow(half, wide + 2 * N, out_db, N)
+            else:
+                rc = _backward(ops, &a, T, k, out_dw, out_db)
+        free(wide)
     if rc != 0:
         raise MemoryError("cynorm: could not allocate scratch memory")
 

@@ -28,6 +28,20 @@ enum {
  * is a constant, never derived from the thread count or the cache size. */
 #define CN_CHUNK 2048
 
+/* While a row is finished from cache, up to this many elements of the next row
+ * are prefetched (so DRAM keeps streaming during the in-cache passes). */
+#ifndef CN_PREFETCH_MAX
+#define CN_PREFETCH_MAX 8192
+#endif
+/* Whole rows are taken in groups of up to 4 whose data fits in these many
+ * bytes (forward: x; backward: x and dy). */
+#ifndef CN_FWD_GROUP_BYTES
+#define CN_FWD_GROUP_BYTES (16 << 10)
+#endif
+#ifndef CN_BWD_GROUP_BYTES
+#define CN_BWD_GROUP_BYTES (64 << 10)
+#endif
+
 typedef struct {
     const void *x;
     void *y;
@@ -36,6 +50,7 @@ typedef struct {
     int64_t M, N;
     double eps;
     int center;          /* 1: LayerNorm, 0: RMSNorm */
+    int stream;          /* write y with non-temporal stores (large outputs) */
 } cn_fwd_args;
 
 typedef struct {
@@ -43,6 +58,7 @@ typedef struct {
     void *dx;
     int64_t M, N;
     int center;
+    int stream;          /* write dx with non-temporal stores (large outputs) */
 } cn_bwd_args;
 
 /* Moments of a run of elements relative to the row's pivot P (its first
@@ -120,17 +136,9 @@ typedef struct {
 #undef CN_PT
 #undef CN_PS
 
-#define CN_SFX bf16_bf16
+#define CN_SFX bf16_f32
 #define CN_XT cn_bf16
 #define CN_XS bf16
-#define CN_PT cn_bf16
-#define CN_PS bf16
-#include "cn_rows.h"
-#undef CN_SFX
-#undef CN_PT
-#undef CN_PS
-
-#define CN_SFX bf16_f32
 #define CN_PT float
 #define CN_PS f32
 #include "cn_rows.h"
@@ -140,17 +148,9 @@ typedef struct {
 #undef CN_PT
 #undef CN_PS
 
-#define CN_SFX f16_f16
+#define CN_SFX f16_f32
 #define CN_XT cn_f16
 #define CN_XS f16
-#define CN_PT cn_f16
-#define CN_PS f16
-#include "cn_rows.h"
-#undef CN_SFX
-#undef CN_PT
-#undef CN_PS
-
-#define CN_SFX f16_f32
 #define CN_PT float
 #define CN_PS f32
 #include "cn_rows.h"
@@ -181,16 +181,20 @@ typedef struct {
 #undef CN_LANE_IS_VD
 #undef CN_AT
 
+/* bf16/bf16 and f16/f16 run the mixed kernels: the caller widens the 16-bit
+ * params to float32 once per call (exact) and rounds dweight/dbias back once. */
 static const cn_ops *const cn_ops_table[CN_NUM_PAIRS] = {
-    &cn_ops_f32_f32, &cn_ops_f64_f64, &cn_ops_bf16_bf16, &cn_ops_bf16_f32, &cn_ops_f16_f16, &cn_ops_f16_f32,
+    &cn_ops_f32_f32, &cn_ops_f64_f64, &cn_ops_bf16_f32, &cn_ops_bf16_f32, &cn_ops_f16_f32, &cn_ops_f16_f32,
 };
+/* storage of the params the caller passes for each pair: 0 as the kernel, 1 bf16, 2 f16 */
+static const int cn_half_params[CN_NUM_PAIRS] = {0, 0, 1, 0, 2, 0};
 
 static const cn_ops *cn_get_ops(int pair)
 {
     return (pair >= 0 && pair < CN_NUM_PAIRS) ? cn_ops_table[pair] : NULL;
 }
 
-/* ---- conversion probes for the tests: the vector paths of this ISA level ---- */
+/* ---- array conversions (half params, and the tests' probes of this level's vector paths) ---- */
 static void cn_f32_to_bf16_array(const float *src, cn_bf16 *dst, int64_t n)
 {
     int64_t j = 0;
@@ -202,6 +206,12 @@ static void cn_f32_to_f16_array(const float *src, cn_f16 *dst, int64_t n)
     int64_t j = 0;
     for (; j + CN_VF_LANES <= n; j += CN_VF_LANES) cn_vf_store_f16(dst + j, cn_vf_load_f32(src + j));
     if (j < n) cn_vf_storen_f16(dst + j, cn_vf_loadn_f32(src + j, n - j), n - j);
+}
+static void cn_bf16_to_f32_array(const cn_bf16 *src, float *dst, int64_t n)
+{
+    int64_t j = 0;
+    for (; j + CN_VF_LANES <= n; j += CN_VF_LANES) cn_vf_store_f32(dst + j, cn_vf_load_bf16(src + j));
+    if (j < n) cn_vf_storen_f32(dst + j, cn_vf_loadn_bf16(src + j, n - j), n - j);
 }
 static void cn_f16_to_f32_array(const cn_f16 *src, float *dst, int64_t n)
 {

@@ -28,6 +28,7 @@
 #define XLDN(p, n) CN_CAT3(V, _loadn_, CN_XS)(p, n)
 #define XST(p, v) CN_CAT3(V, _store_, CN_XS)(p, v)
 #define XSTN(p, v, n) CN_CAT3(V, _storen_, CN_XS)(p, v, n)
+#define XSTREAM(p, v) CN_CAT3(V, _stream_, CN_XS)(p, v)
 #define PLD(p) CN_CAT3(V, _load_, CN_PS)(p)
 #define PLDN(p, n) CN_CAT3(V, _loadn_, CN_PS)(p, n)
 #define PST(p, v) CN_CAT3(V, _store_, CN_PS)(p, v)
@@ -49,9 +50,25 @@
 #  define CN_AS f32
 #endif
 /* Rows of at most SMALL_MAX elements live in registers: up to 4 vectors of 16
- * lanes, 8 of 8, or 8 of 4. */
-#define SMALL_NV_MAX (VL >= 16 ? 4 : 8)
+ * lanes or 8 of 8 (64 elements), or 8 of 4 (32). The portable fallback keeps
+ * it to 4 vectors so that its build stays small. */
+#if defined(CN_GENERIC)
+#  define SMALL_NV_MAX 4
+#else
+#  define SMALL_NV_MAX (VL >= 16 ? 4 : 8)
+#endif
 #define SMALL_MAX (SMALL_NV_MAX * VL)
+
+/* Elements to store normally before x-typed pointer p is aligned for a
+ * full-vector non-temporal store (at most n). */
+#define STREAM_ALIGN ((int64_t)(VL * sizeof(CN_XT)))
+CN_INLINE int64_t FN(stream_peel)(const void *p, int64_t n)
+{
+    int64_t mis = (int64_t)((uintptr_t)p % (uintptr_t)STREAM_ALIGN);
+    int64_t k = mis ? (STREAM_ALIGN - mis) / (int64_t)sizeof(CN_XT) : 0;
+    if (mis % (int64_t)sizeof(CN_XT)) k = n;  /* not even element-aligned: never stream */
+    return k < n ? k : n;
+}
 
 typedef CN_XT FN(xt);
 typedef CN_PT FN(pt);
@@ -99,7 +116,11 @@ CN_INLINE void FN(chunk_moments)(const XT *x, int64_t n, AT pivot, const int cen
         /* second pass: e = (x - P) - d; keep sum e^2 and the correction sum e */
         V D = VOP(set1)(d);
         V q0 = z, q1 = z, q2 = z, q3 = z, c0 = z, c1 = z, c2 = z, c3 = z;
+        /* pass 2 runs from L1: meanwhile fetch what comes next in memory (the
+         * next chunk or row), or DRAM would sit idle until the next pass 1 */
         for (j = 0; j + 4 * VL <= n; j += 4 * VL) {
+            cn_prefetch(x + n + j);
+            cn_prefetch(x + n + j + 2 * VL);
             V e0 = VOP(sub)(VOP(sub)(XLD(x + j), P), D);
             V e1 = VOP(sub)(VOP(sub)(XLD(x + j + VL), P), D);
             V e2 = VOP(sub)(VOP(sub)(XLD(x + j + 2 * VL), P), D);
@@ -125,46 +146,71 @@ CN_INLINE void FN(chunk_moments)(const XT *x, int64_t n, AT pivot, const int cen
 
 /* ---------------------------------------------------- forward: normalize -- */
 
-/* y = ((x - P) - delta) * rstd * w + b   (RMSNorm: y = x * rstd * w) */
+/* y = ((x - P) - delta) * rstd * w + b   (RMSNorm: y = x * rstd * w).
+ * stream: write the aligned middle with non-temporal stores. */
 CN_INLINE void FN(apply_impl)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, AT pivot, AT delta,
-                              AT rstd, const int center, const int has_w, const int has_b)
+                              AT rstd, const int center, const int has_w, const int has_b, const int stream,
+                              const XT *pf, int64_t npf)
 {
     V P = VOP(set1)(pivot), D = VOP(set1)(delta), R = VOP(set1)(rstd);
-    int64_t j = 0;
-    for (; j + VL <= n; j += VL) {
-        V v = XLD(x + j);
-        if (center) v = VOP(sub)(VOP(sub)(v, P), D);
-        v = VOP(mul)(v, R);
-        if (has_w && has_b) v = VOP(fmadd)(v, PLD(w + j), PLD(b + j));
-        else if (has_w) v = VOP(mul)(v, PLD(w + j));
-        else if (has_b) v = VOP(add)(v, PLD(b + j));
-        XST(y + j, v);
+    int64_t j = 0, head = stream ? FN(stream_peel)(y, n) : 0;
+#define CN_APPLY(J, T, LDX, LDP, STORE)                                                  \
+    {                                                                                    \
+        V v = LDX(x + (J), T);                                                           \
+        if (center) v = VOP(sub)(VOP(sub)(v, P), D);                                     \
+        v = VOP(mul)(v, R);                                                              \
+        if (has_w && has_b) v = VOP(fmadd)(v, LDP(w + (J), T), LDP(b + (J), T));         \
+        else if (has_w) v = VOP(mul)(v, LDP(w + (J), T));                                \
+        else if (has_b) v = VOP(add)(v, LDP(b + (J), T));                                \
+        STORE(y + (J), v, T);                                                            \
     }
-    if (j < n) {
-        int64_t t = n - j;
-        V v = XLDN(x + j, t);
-        if (center) v = VOP(sub)(VOP(sub)(v, P), D);
-        v = VOP(mul)(v, R);
-        if (has_w && has_b) v = VOP(fmadd)(v, PLDN(w + j, t), PLDN(b + j, t));
-        else if (has_w) v = VOP(mul)(v, PLDN(w + j, t));
-        else if (has_b) v = VOP(add)(v, PLDN(b + j, t));
-        XSTN(y + j, v, t);
-    }
+#define CN_LDX_FULL(p, t) XLD(p)
+#define CN_LDP_FULL(p, t) PLD(p)
+#define CN_ST_FULL(p, v, t) XST(p, v)
+#define CN_ST_STREAM(p, v, t) XSTREAM(p, v)
+#define CN_LDX_PART(p, t) XLDN(p, t)
+#define CN_LDP_PART(p, t) PLDN(p, t)
+#define CN_ST_PART(p, v, t) XSTN(p, v, t)
+    if (head) CN_APPLY(0, head, CN_LDX_PART, CN_LDP_PART, CN_ST_PART)   /* head < VL when streaming */
+    j = head;
+    if (stream)
+        for (; j + VL <= n; j += VL) {
+            if (j < npf) cn_prefetch(pf + j);
+            CN_APPLY(j, VL, CN_LDX_FULL, CN_LDP_FULL, CN_ST_STREAM)
+        }
+    else
+        for (; j + VL <= n; j += VL) {
+            if (j < npf) cn_prefetch(pf + j);
+            CN_APPLY(j, VL, CN_LDX_FULL, CN_LDP_FULL, CN_ST_FULL)
+        }
+    if (j < n) CN_APPLY(j, n - j, CN_LDX_PART, CN_LDP_PART, CN_ST_PART)
+#undef CN_APPLY
+#undef CN_LDX_FULL
+#undef CN_LDP_FULL
+#undef CN_ST_FULL
+#undef CN_ST_STREAM
+#undef CN_LDX_PART
+#undef CN_LDP_PART
+#undef CN_ST_PART
 }
 
 static void FN(apply)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, AT pivot, AT delta, AT rstd,
-                      int center)
+                      int center, int stream, const XT *pf, int64_t npf)
 {
-    /* one specialised loop per (center, weight?, bias?) so the hot loop has no branches */
+    /* one specialised loop per (center, weight?, bias?, stream?): no branches in the hot loop */
+#define CN_A(C, W, B) \
+    (stream ? FN(apply_impl)(x, y, w, b, n, pivot, delta, rstd, C, W, B, 1, pf, npf) \
+            : FN(apply_impl)(x, y, w, b, n, pivot, delta, rstd, C, W, B, 0, pf, npf))
     if (center) {
-        if (w && b) FN(apply_impl)(x, y, w, b, n, pivot, delta, rstd, 1, 1, 1);
-        else if (w) FN(apply_impl)(x, y, w, b, n, pivot, delta, rstd, 1, 1, 0);
-        else if (b) FN(apply_impl)(x, y, w, b, n, pivot, delta, rstd, 1, 0, 1);
-        else FN(apply_impl)(x, y, w, b, n, pivot, delta, rstd, 1, 0, 0);
+        if (w && b) CN_A(1, 1, 1);
+        else if (w) CN_A(1, 1, 0);
+        else if (b) CN_A(1, 0, 1);
+        else CN_A(1, 0, 0);
     } else {
-        if (w) FN(apply_impl)(x, y, w, b, n, pivot, delta, rstd, 0, 1, 0);
-        else FN(apply_impl)(x, y, w, b, n, pivot, delta, rstd, 0, 0, 0);
+        if (w) CN_A(0, 1, 0);
+        else CN_A(0, 0, 0);
     }
+#undef CN_A
 }
 
 /* ------------------------------------- forward: rows that overflow fp32 -- */
@@ -241,80 +287,93 @@ static void FN(fwd_apply)(const cn_fwd_args *a, int64_t r, int64_t c0, int64_t c
     const int64_t N = a->N;
     const PT *w = a->w ? (const PT *)a->w + c0 : NULL;
     const PT *b = a->b ? (const PT *)a->b + c0 : NULL;
+    const XT *x = (const XT *)a->x + r * N + c0;
     if (!st->ok) return;
-    FN(apply)((const XT *)a->x + r * N + c0, (XT *)a->y + r * N + c0, w, b, c1 - c0,
-              (AT)st->pivot, (AT)st->delta, (AT)st->rstd, a->center);
+    FN(apply)(x, (XT *)a->y + r * N + c0, w, b, c1 - c0, (AT)st->pivot, (AT)st->delta, (AT)st->rstd,
+              a->center, a->stream, x, 0);
 }
 
-/* ------------------------------------- forward: small rows in registers -- */
+/* team path: one call per thread once it has written its tiles */
+static void FN(fwd_apply_tile)(const cn_fwd_args *a, int64_t r, int64_t c0, int64_t c1, const cn_row_stats *st)
+{
+    FN(fwd_apply)(a, r, c0, c1, st);
+    if (a->stream) cn_stream_fence();
+}
 
-/* R rows of NV vectors each, interleaved so their reductions overlap.
- * Per row the operations are the same for any R, so the grouping of rows
- * (which depends on how rows are split among threads) never changes a bit. */
-CN_INLINE void FN(fwd_small_group)(const cn_fwd_args *a, int64_t r, const int R, const int NV, const int center,
-                                   const V *wv, const V *bv)
+/* ------------------------------------------------ forward: small rows -- */
+
+/* Rows of at most SMALL_MAX elements, taken SMALL_BLOCK rows at a time in
+ * three phases: per-row sums (independent dependency chains that the CPU
+ * overlaps), one vectorizable rstd loop for the whole block, then the
+ * normalizing pass, which rereads the rows from L1. The arithmetic of a row
+ * never depends on the block it falls in. */
+#define SMALL_BLOCK 16
+
+CN_INLINE void FN(fwd_small_block)(const cn_fwd_args *a, int64_t r0, const int64_t nrows, const int NV,
+                                   const int center, const V *wv, const V *bv, double inv_n)
 {
     const int64_t N = a->N, tail = N - (int64_t)(NV - 1) * VL;
-    const XT *x = (const XT *)a->x + r * N;
-    XT *y = (XT *)a->y + r * N;
-    V v[4][8];
-    AT pv[4], dl[4], rs[4];
-    double dd[4], m2[4];
-    int i, k;
-    for (i = 0; i < R; i++) {
-        for (k = 0; k < NV - 1; k++) v[i][k] = XLD(x + i * N + k * VL);
-        v[i][NV - 1] = tail == VL ? XLD(x + i * N + (NV - 1) * VL) : XLDN(x + i * N + (NV - 1) * VL, tail);
-    }
-    if (center) {
-        V P[4], D[4];
-        AT s[4];
-        for (i = 0; i < R; i++) {
-            pv[i] = (AT)X2A(x[i * N]);
-            P[i] = VOP(set1)(pv[i]);
-            V acc = VOP(keepn)(VOP(sub)(v[i][NV - 1], P[i]), tail);
-            for (k = 0; k < NV - 1; k++) acc = VOP(add)(acc, VOP(sub)(v[i][k], P[i]));
-            s[i] = VOP(hsum)(acc);
-        }
-        for (i = 0; i < R; i++) {
-            AT d = (AT)((double)s[i] / (double)N);
-            D[i] = VOP(set1)(d);
+    const XT *X = (const XT *)a->x + r0 * N;
+    XT *Y = (XT *)a->y + r0 * N;
+    AT pv[SMALL_BLOCK];
+    double dd[SMALL_BLOCK], m2[SMALL_BLOCK], rstd[SMALL_BLOCK];
+    int64_t i;
+    int k;
+    for (i = 0; i < nrows; i++) {
+        const XT *x = X + i * N;
+        V v[8];
+        CN_UNROLL for (k = 0; k < NV - 1; k++) v[k] = XLD(x + k * VL);
+        v[NV - 1] = tail == VL ? XLD(x + (NV - 1) * VL) : XLDN(x + (NV - 1) * VL, tail);
+        if (center) {
+            AT p = (AT)X2A(x[0]);
+            V P = VOP(set1)(p);
+            V acc = VOP(keepn)(VOP(sub)(v[NV - 1], P), tail);
+            CN_UNROLL for (k = 0; k < NV - 1; k++) acc = VOP(add)(acc, VOP(sub)(v[k], P));
+            AT d = (AT)((double)VOP(hsum)(acc) * inv_n);
+            V D = VOP(set1)(d);
             V q = VOP(zero)(), c = VOP(zero)();
-            for (k = 0; k < NV; k++) {
-                V e = VOP(sub)(VOP(sub)(v[i][k], P[i]), D[i]);
+            CN_UNROLL for (k = 0; k < NV; k++) {
+                V e = VOP(sub)(VOP(sub)(v[k], P), D);
                 if (k == NV - 1) e = VOP(keepn)(e, tail);
-                v[i][k] = e;
                 q = VOP(fmadd)(e, e, q);
                 c = VOP(add)(c, e);
             }
             double cs = (double)VOP(hsum)(c);
-            dd[i] = (double)d + cs / (double)N;
-            m2[i] = (double)VOP(hsum)(q) - cs * cs / (double)N;
-            dl[i] = (AT)(cs / (double)N);        /* what is left to subtract from e */
-        }
-    } else {
-        for (i = 0; i < R; i++) {
+            pv[i] = p;
+            dd[i] = (double)d + cs * inv_n;                 /* corrected two-pass mean - P */
+            m2[i] = (double)VOP(hsum)(q) - cs * cs * inv_n;
+        } else {
             V q = VOP(zero)();
-            for (k = 0; k < NV; k++) q = VOP(fmadd)(v[i][k], v[i][k], q);
-            pv[i] = 0; dd[i] = 0.0; dl[i] = 0;
+            CN_UNROLL for (k = 0; k < NV; k++) q = VOP(fmadd)(v[k], v[k], q);
+            pv[i] = 0;
+            dd[i] = 0.0;
             m2[i] = (double)VOP(hsum)(q);
         }
     }
-    for (i = 0; i < R; i++) {
-        if (!(isfinite(dd[i]) && isfinite(m2[i])) && FN(row_is_finite)(x + i * N, N)) {
-            FN(fwd_rescue)(a, r + i);
+    /* branch-free, so the compiler runs it as vector sqrt/div over the block */
+    for (i = 0; i < nrows; i++) {
+        double var = m2[i] * inv_n;
+        var = var < 0.0 ? 0.0 : var;
+        rstd[i] = 1.0 / sqrt(var + a->eps);
+    }
+    for (i = 0; i < nrows; i++) {
+        const XT *x = X + i * N;
+        XT *y = Y + i * N;
+        if (CN_UNLIKELY(!(isfinite(dd[i]) && isfinite(m2[i]))) && FN(row_is_finite)(x, N)) {
+            FN(fwd_rescue)(a, r0 + i);
             continue;
         }
-        double rstd = cn_rstd(m2[i], (double)N, a->eps);
-        rs[i] = (AT)rstd;
-        if (a->mean) ((AT *)a->mean)[r + i] = (AT)((double)pv[i] + dd[i]);
-        ((AT *)a->rstd)[r + i] = rs[i];
-        V Rv = VOP(set1)(rs[i]), C = VOP(set1)(dl[i]);
-        for (k = 0; k < NV; k++) {
-            V e = center ? VOP(sub)(v[i][k], C) : v[i][k];
+        AT rs = (AT)rstd[i], delta = (AT)dd[i];
+        if (a->mean) ((AT *)a->mean)[r0 + i] = (AT)((double)pv[i] + dd[i]);
+        ((AT *)a->rstd)[r0 + i] = rs;
+        V P = VOP(set1)(pv[i]), D = VOP(set1)(delta), Rv = VOP(set1)(rs);
+        CN_UNROLL for (k = 0; k < NV; k++) {
+            int full = k < NV - 1 || tail == VL;
+            V e = full ? XLD(x + k * VL) : XLDN(x + k * VL, tail);
+            if (center) e = VOP(sub)(VOP(sub)(e, P), D);
             V o = VOP(fmadd)(VOP(mul)(e, Rv), wv[k], bv[k]);
-            if (k < NV - 1) XST(y + i * N + k * VL, o);
-            else if (tail == VL) XST(y + i * N + k * VL, o);
-            else XSTN(y + i * N + k * VL, o, tail);
+            if (full) XST(y + k * VL, o);
+            else XSTN(y + k * VL, o, tail);
         }
     }
 }
@@ -322,16 +381,15 @@ CN_INLINE void FN(fwd_small_group)(const cn_fwd_args *a, int64_t r, const int R,
 CN_INLINE void FN(fwd_small_nv)(const cn_fwd_args *a, int64_t r0, int64_t r1, const int NV, const int center)
 {
     const int64_t N = a->N, tail = N - (int64_t)(NV - 1) * VL;
-    const int R = NV <= 2 ? 4 : 2;
+    const double inv_n = 1.0 / (double)N;
     V wv[8], bv[8];
-    int64_t r;
-    for (int k = 0; k < NV; k++) {
+    CN_UNROLL for (int k = 0; k < NV; k++) {
         int64_t t = k < NV - 1 ? VL : tail;
         wv[k] = a->w ? PLDN((const PT *)a->w + k * VL, t) : VOP(set1)((AT)1);
         bv[k] = a->b ? PLDN((const PT *)a->b + k * VL, t) : VOP(zero)();
     }
-    for (r = r0; r + R <= r1; r += R) FN(fwd_small_group)(a, r, R, NV, center, wv, bv);
-    for (; r < r1; r++) FN(fwd_small_group)(a, r, 1, NV, center, wv, bv);
+    for (int64_t r = r0; r < r1; r += SMALL_BLOCK)
+        FN(fwd_small_block)(a, r, r1 - r < SMALL_BLOCK ? r1 - r : SMALL_BLOCK, NV, center, wv, bv, inv_n);
 }
 
 static void FN(fwd_small)(const cn_fwd_args *a, int64_t r0, int64_t r1)
@@ -353,46 +411,87 @@ static void FN(fwd_small)(const cn_fwd_args *a, int64_t r0, int64_t r1)
 
 /* ------------------------------------------------------ forward: rows -- */
 
+/* Stats of one whole row: chunk moments merged left to right (as the team path does). */
+CN_INLINE void FN(fwd_row_stats)(const cn_fwd_args *a, int64_t r, cn_row_stats *st)
+{
+    const int64_t N = a->N;
+    cn_moments tot, m;
+    for (int64_t c0 = 0; c0 < N; c0 += CN_CHUNK) {
+        int64_t c1 = c0 + CN_CHUNK < N ? c0 + CN_CHUNK : N;
+        FN(fwd_chunk)(a, r, c0, c1, &m);
+        if (c0 == 0) tot = m;
+        else cn_moments_merge(&tot, &m);
+    }
+    FN(fwd_finish)(a, r, &tot, st);
+}
+
+/* Whole rows, a few at a time: the stats of all rows in the group first, so
+ * that one row's sqrt/divide chain overlaps the next row's pass 1, then the
+ * normalizing passes (from cache), which prefetch the next group. */
 static void FN(fwd_rows)(const cn_fwd_args *a, int64_t r0, int64_t r1)
 {
     const int64_t N = a->N;
     if (N <= SMALL_MAX) { FN(fwd_small)(a, r0, r1); return; }
-    for (int64_t r = r0; r < r1; r++) {
-        cn_moments tot, m;
-        cn_row_stats st;
-        for (int64_t c0 = 0; c0 < N; c0 += CN_CHUNK) {
-            int64_t c1 = c0 + CN_CHUNK < N ? c0 + CN_CHUNK : N;
-            FN(fwd_chunk)(a, r, c0, c1, &m);
-            if (c0 == 0) tot = m;
-            else cn_moments_merge(&tot, &m);
+    const int64_t row_bytes = N * (int64_t)sizeof(XT);
+    const int64_t RB = row_bytes * 4 <= CN_FWD_GROUP_BYTES ? 4 : row_bytes * 2 <= CN_FWD_GROUP_BYTES ? 2 : 1;
+    const PT *W = (const PT *)a->w, *B = (const PT *)a->b;
+    cn_row_stats st[4];
+    for (int64_t r = r0; r < r1; r += RB) {
+        const int64_t nb = r1 - r < RB ? r1 - r : RB;
+        for (int64_t i = 0; i < nb; i++) FN(fwd_row_stats)(a, r + i, &st[i]);
+        for (int64_t i = 0; i < nb; i++) {
+            const XT *x = (const XT *)a->x + (r + i) * N;
+            int64_t npf = r + i + RB < a->M ? (N < CN_PREFETCH_MAX ? N : CN_PREFETCH_MAX) : 0;
+            if (!st[i].ok) continue;
+            FN(apply)(x, (XT *)a->y + (r + i) * N, W, B, N, (AT)st[i].pivot, (AT)st[i].delta, (AT)st[i].rstd,
+                      a->center, a->stream, x + RB * N, npf);
         }
-        FN(fwd_finish)(a, r, &tot, &st);
-        FN(fwd_apply)(a, r, 0, N, &st);
     }
+    if (a->stream) cn_stream_fence();
 }
 
 /* ------------------------------------------------ backward: chunk pieces -- */
 
-/* Pass 1 over one chunk of one row: s1 = sum g, s2 = sum g*xhat, with
- * g = dy*w and xhat = (x - mean)*rstd; and the row's contribution to the
- * block partials dwp += dy*xhat, dbp += dy (written, not added, when init). */
-CN_INLINE void FN(bwd_sums_impl)(const XT *dy, const XT *x, const PT *w, int64_t n, AT mean, AT rstd, AT *dwp,
-                                 AT *dbp, const int center, const int has_w, const int init, AT *s1, AT *s2)
+/* Pass 1 over one chunk of R consecutive rows: per row s1 = sum g and
+ * s2 = sum g*xhat (g = dy*w, xhat = (x - mean)*rstd), and the rows'
+ * contributions to the block partials, dwp += dy*xhat and dbp += dy, added
+ * row after row (the first row writes instead of adding when init).
+ * Taking R rows together loads and stores the partials once per R rows; each
+ * row's arithmetic is exactly that of R == 1, so R never changes a bit. */
+CN_INLINE void FN(bwd_sums_impl)(const XT *dy, const XT *x, const PT *w, int64_t n, int64_t ld, const AT *mean,
+                                 const AT *rstd, AT *dwp, AT *dbp, const int R, const int center, const int has_w,
+                                 const int init, AT *s1, AT *s2)
 {
-    V Mv = VOP(set1)(mean), R = VOP(set1)(rstd), z = VOP(zero)();
-    V s1a = z, s1b = z, s2a = z, s2b = z;
+    V Mv[4], Rv[4], s1a[4], s1b[4], s2a[4], s2b[4], z = VOP(zero)();
     int64_t j = 0;
+    int i;
+    CN_UNROLL for (i = 0; i < R; i++) {
+        Mv[i] = VOP(set1)(center ? mean[i] : (AT)0);
+        Rv[i] = VOP(set1)(rstd[i]);
+        s1a[i] = s1b[i] = s2a[i] = s2b[i] = z;
+    }
 #define CN_BWD_STEP(J, LDX, LDP, LDA, STA, KEEP, S1, S2)                                         \
     {                                                                                            \
-        V xv = LDX(x + (J)), dyv = LDX(dy + (J));                                                \
-        V xh = center ? VOP(mul)(VOP(sub)(xv, Mv), R) : VOP(mul)(xv, R);                         \
-        xh = KEEP(xh);                                                                           \
-        V g = has_w ? VOP(mul)(dyv, LDP(w + (J))) : dyv;                                         \
-        if (center) S1 = VOP(add)(S1, g);                                                        \
-        S2 = VOP(fmadd)(g, xh, S2);                                                              \
+        V wv = has_w ? LDP(w + (J)) : z, dw_acc = z, db_acc = z;                                 \
+        CN_UNROLL for (i = 0; i < R; i++) {                                                      \
+            V xv = LDX(x + i * ld + (J)), dyv = LDX(dy + i * ld + (J));                          \
+            V xh = center ? VOP(mul)(VOP(sub)(xv, Mv[i]), Rv[i]) : VOP(mul)(xv, Rv[i]);          \
+            xh = KEEP(xh);                                                                       \
+            V g = has_w ? VOP(mul)(dyv, wv) : dyv;                                               \
+            if (center) S1[i] = VOP(add)(S1[i], g);                                              \
+            S2[i] = VOP(fmadd)(g, xh, S2[i]);                                                    \
+            if (has_w) {                                                                         \
+                if (i == 0 && init) { dw_acc = VOP(mul)(dyv, xh); db_acc = dyv; }                \
+                else {                                                                           \
+                    if (i == 0) { dw_acc = LDA(dwp + (J)); if (center) db_acc = LDA(dbp + (J)); } \
+                    dw_acc = VOP(fmadd)(dyv, xh, dw_acc);                                        \
+                    if (center) db_acc = VOP(add)(dyv, db_acc);                                  \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
         if (has_w) {                                                                             \
-            STA(dwp + (J), init ? VOP(mul)(dyv, xh) : VOP(fmadd)(dyv, xh, LDA(dwp + (J))));      \
-            if (center) STA(dbp + (J), init ? dyv : VOP(add)(dyv, LDA(dbp + (J))));              \
+            STA(dwp + (J), dw_acc);                                                              \
+            if (center) STA(dbp + (J), db_acc);                                                  \
         }                                                                                        \
     }
 #define CN_ID(v) (v)
@@ -417,56 +516,98 @@ CN_INLINE void FN(bwd_sums_impl)(const XT *dy, const XT *x, const PT *w, int64_t
     }
 #undef CN_ID
 #undef CN_BWD_STEP
-    *s1 = VOP(hsum)(VOP(add)(s1a, s1b));
-    *s2 = VOP(hsum)(VOP(add)(s2a, s2b));
+    CN_UNROLL for (i = 0; i < R; i++) {
+        s1[i] = VOP(hsum)(VOP(add)(s1a[i], s1b[i]));
+        s2[i] = VOP(hsum)(VOP(add)(s2a[i], s2b[i]));
+    }
 }
 
-static void FN(bwd_chunk)(const cn_bwd_args *a, int64_t r, int64_t c0, int64_t c1, void *dwp_, void *dbp_,
-                          int init, double *s1, double *s2)
+/* rows r .. r+R-1, columns c0..c1 (R = 1..4) */
+static void FN(bwd_chunk_rows)(const cn_bwd_args *a, int64_t r, int R, int64_t c0, int64_t c1, void *dwp_,
+                               void *dbp_, int init, AT *s1, AT *s2)
 {
     const int64_t N = a->N, n = c1 - c0;
     const XT *dy = (const XT *)a->dy + r * N + c0, *x = (const XT *)a->x + r * N + c0;
     const PT *w = a->w ? (const PT *)a->w + c0 : NULL;
     AT *dwp = dwp_ ? (AT *)dwp_ + c0 : NULL, *dbp = dbp_ ? (AT *)dbp_ + c0 : NULL;
-    AT mean = a->center ? ((const AT *)a->mean)[r] : (AT)0, rstd = ((const AT *)a->rstd)[r];
-    AT t1 = 0, t2 = 0;
-#define CN_CALL(C, W, I) FN(bwd_sums_impl)(dy, x, w, n, mean, rstd, dwp, dbp, C, W, I, &t1, &t2)
-    if (a->center) {
-        if (w) { if (init) CN_CALL(1, 1, 1); else CN_CALL(1, 1, 0); }
-        else CN_CALL(1, 0, 0);
-    } else {
-        if (w) { if (init) CN_CALL(0, 1, 1); else CN_CALL(0, 1, 0); }
-        else CN_CALL(0, 0, 0);
+    const AT *mean = a->center ? (const AT *)a->mean + r : NULL, *rstd = (const AT *)a->rstd + r;
+#define CN_CALL(RR, C, W, I) FN(bwd_sums_impl)(dy, x, w, n, N, mean, rstd, dwp, dbp, RR, C, W, I, s1, s2)
+#define CN_BY_R(C, W, I)                                                                          \
+    switch (R) {                                                                                  \
+    case 1: CN_CALL(1, C, W, I); break;                                                           \
+    case 2: CN_CALL(2, C, W, I); break;                                                           \
+    case 3: CN_CALL(3, C, W, I); break;                                                           \
+    default: CN_CALL(4, C, W, I); break;                                                          \
     }
+    if (a->center) {
+        if (dwp) { if (init) CN_BY_R(1, 1, 1) else CN_BY_R(1, 1, 0) }
+        else CN_BY_R(1, 0, 0)
+    } else {
+        if (dwp) { if (init) CN_BY_R(0, 1, 1) else CN_BY_R(0, 1, 0) }
+        else CN_BY_R(0, 0, 0)
+    }
+#undef CN_BY_R
 #undef CN_CALL
+}
+
+/* team path: one row, one chunk */
+static void FN(bwd_chunk)(const cn_bwd_args *a, int64_t r, int64_t c0, int64_t c1, void *dwp, void *dbp,
+                          int init, double *s1, double *s2)
+{
+    AT t1, t2;
+    FN(bwd_chunk_rows)(a, r, 1, c0, c1, a->w ? dwp : NULL, a->w && a->center ? dbp : NULL, init, &t1, &t2);
     *s1 = (double)t1;
     *s2 = (double)t2;
 }
 
-/* Pass 2: dx = rstd * (g - c1 - xhat * c2), c1 = mean(g), c2 = mean(g * xhat). */
+/* Pass 2: dx = rstd * (g - c1 - xhat * c2), c1 = mean(g), c2 = mean(g * xhat).
+ * stream: non-temporal stores for the aligned middle; pf/pdy: the next row,
+ * prefetched while this one is computed from cache. */
 CN_INLINE void FN(bwd_dx_impl)(const XT *dy, const XT *x, const PT *w, XT *dx, int64_t n, AT mean, AT rstd, AT c1,
-                               AT c2, const int center, const int has_w)
+                               AT c2, const int center, const int has_w, const int stream, int64_t pf, int64_t npf)
 {
     V Mv = VOP(set1)(mean), R = VOP(set1)(rstd), C1 = VOP(set1)(c1), C2 = VOP(set1)(c2);
-    int64_t j = 0;
-    for (; j + VL <= n; j += VL) {
-        V xv = XLD(x + j), g = XLD(dy + j);
-        V xh = center ? VOP(mul)(VOP(sub)(xv, Mv), R) : VOP(mul)(xv, R);
-        if (has_w) g = VOP(mul)(g, PLD(w + j));
-        if (center) g = VOP(sub)(g, C1);
-        XST(dx + j, VOP(mul)(VOP(fnmadd)(xh, C2, g), R));
+    int64_t j = 0, head = stream ? FN(stream_peel)(dx, n) : 0;
+#define CN_DX(J, T, LDX, LDP, STORE)                                                      \
+    {                                                                                     \
+        V xv = LDX(x + (J), T), g = LDX(dy + (J), T);                                     \
+        V xh = center ? VOP(mul)(VOP(sub)(xv, Mv), R) : VOP(mul)(xv, R);                  \
+        if (has_w) g = VOP(mul)(g, LDP(w + (J), T));                                      \
+        if (center) g = VOP(sub)(g, C1);                                                  \
+        STORE(dx + (J), VOP(mul)(VOP(fnmadd)(xh, C2, g), R), T);                          \
     }
-    if (j < n) {
-        const int64_t t = n - j;
-        V xv = XLDN(x + j, t), g = XLDN(dy + j, t);
-        V xh = center ? VOP(mul)(VOP(sub)(xv, Mv), R) : VOP(mul)(xv, R);
-        if (has_w) g = VOP(mul)(g, PLDN(w + j, t));
-        if (center) g = VOP(sub)(g, C1);
-        XSTN(dx + j, VOP(mul)(VOP(fnmadd)(xh, C2, g), R), t);
-    }
+#define CN_LDX_FULL(p, t) XLD(p)
+#define CN_LDP_FULL(p, t) PLD(p)
+#define CN_ST_FULL(p, v, t) XST(p, v)
+#define CN_ST_STREAM(p, v, t) XSTREAM(p, v)
+#define CN_LDX_PART(p, t) XLDN(p, t)
+#define CN_LDP_PART(p, t) PLDN(p, t)
+#define CN_ST_PART(p, v, t) XSTN(p, v, t)
+    if (head) CN_DX(0, head, CN_LDX_PART, CN_LDP_PART, CN_ST_PART)
+    j = head;
+    if (stream)
+        for (; j + VL <= n; j += VL) {
+            if (j < npf) { cn_prefetch(x + pf + j); cn_prefetch(dy + pf + j); }
+            CN_DX(j, VL, CN_LDX_FULL, CN_LDP_FULL, CN_ST_STREAM)
+        }
+    else
+        for (; j + VL <= n; j += VL) {
+            if (j < npf) { cn_prefetch(x + pf + j); cn_prefetch(dy + pf + j); }
+            CN_DX(j, VL, CN_LDX_FULL, CN_LDP_FULL, CN_ST_FULL)
+        }
+    if (j < n) CN_DX(j, n - j, CN_LDX_PART, CN_LDP_PART, CN_ST_PART)
+#undef CN_DX
+#undef CN_LDX_FULL
+#undef CN_LDP_FULL
+#undef CN_ST_FULL
+#undef CN_ST_STREAM
+#undef CN_LDX_PART
+#undef CN_LDP_PART
+#undef CN_ST_PART
 }
 
-static void FN(bwd_apply)(const cn_bwd_args *a, int64_t r, int64_t c0, int64_t c1, double s1, double s2)
+CN_INLINE void FN(bwd_dx_range)(const cn_bwd_args *a, int64_t r, int64_t c0, int64_t c1, double s1, double s2,
+                                int64_t pf_rows, int64_t npf)
 {
     const int64_t N = a->N, n = c1 - c0;
     const XT *dy = (const XT *)a->dy + r * N + c0, *x = (const XT *)a->x + r * N + c0;
@@ -474,72 +615,112 @@ static void FN(bwd_apply)(const cn_bwd_args *a, int64_t r, int64_t c0, int64_t c
     const PT *w = a->w ? (const PT *)a->w + c0 : NULL;
     AT mean = a->center ? ((const AT *)a->mean)[r] : (AT)0, rstd = ((const AT *)a->rstd)[r];
     AT k1 = (AT)(s1 / (double)N), k2 = (AT)(s2 / (double)N);
+    int64_t pf = pf_rows * N;
+#define CN_B(C, W) \
+    (a->stream ? FN(bwd_dx_impl)(dy, x, w, dx, n, mean, rstd, k1, k2, C, W, 1, pf, npf) \
+               : FN(bwd_dx_impl)(dy, x, w, dx, n, mean, rstd, k1, k2, C, W, 0, pf, npf))
     if (a->center) {
-        if (w) FN(bwd_dx_impl)(dy, x, w, dx, n, mean, rstd, k1, k2, 1, 1);
-        else FN(bwd_dx_impl)(dy, x, w, dx, n, mean, rstd, k1, k2, 1, 0);
+        if (w) CN_B(1, 1);
+        else CN_B(1, 0);
     } else {
-        if (w) FN(bwd_dx_impl)(dy, x, w, dx, n, mean, rstd, k1, k2, 0, 1);
-        else FN(bwd_dx_impl)(dy, x, w, dx, n, mean, rstd, k1, k2, 0, 0);
+        if (w) CN_B(0, 1);
+        else CN_B(0, 0);
     }
+#undef CN_B
+}
+
+/* dx of a whole row from cache, prefetching the row pf_rows further on */
+static void FN(bwd_row_dx)(const cn_bwd_args *a, int64_t r, int64_t pf_rows, double s1, double s2)
+{
+    const int64_t N = a->N;
+    int64_t npf = r + pf_rows < a->M ? (N < CN_PREFETCH_MAX ? N : CN_PREFETCH_MAX) : 0;
+    FN(bwd_dx_range)(a, r, 0, N, s1, s2, pf_rows, npf);
+}
+
+static void FN(bwd_apply)(const cn_bwd_args *a, int64_t r, int64_t c0, int64_t c1, double s1, double s2)
+{
+    FN(bwd_dx_range)(a, r, c0, c1, s1, s2, 0, 0);
+}
+
+/* team path: the per-thread call, fenced */
+static void FN(bwd_apply_tile)(const cn_bwd_args *a, int64_t r, int64_t c0, int64_t c1, double s1, double s2)
+{
+    FN(bwd_apply)(a, r, c0, c1, s1, s2);
+    if (a->stream) cn_stream_fence();
 }
 
 /* ----------------------------------- backward: small rows in registers -- */
+
+/* Small rows, SMALL_BLOCK at a time: first each row's two sums (overlapping
+ * chains), then dx and the block partials, rereading the rows from L1. The
+ * partials add the rows in order, so blocks never change a bit. */
+CN_INLINE void FN(bwd_small_block)(const cn_bwd_args *a, int64_t r0, const int64_t nrows, const int NV,
+                                   const int center, const V *wv, V *dwacc, V *dbacc, double inv_n)
+{
+    const int64_t N = a->N, tail = N - (int64_t)(NV - 1) * VL;
+    const AT *MEAN = (const AT *)a->mean, *RSTD = (const AT *)a->rstd;
+    const XT *X = (const XT *)a->x + r0 * N, *DY = (const XT *)a->dy + r0 * N;
+    XT *DX = (XT *)a->dx + r0 * N;
+    AT c1[SMALL_BLOCK], c2[SMALL_BLOCK];
+    int64_t i;
+    int k;
+#define CN_SMALL_LOAD(v, p, k) v = (k < NV - 1 || tail == VL) ? XLD((p) + k * VL) : XLDN((p) + k * VL, tail)
+#define CN_SMALL_XHAT(h, xv, k)                                                                 \
+    h = center ? VOP(mul)(VOP(sub)(xv, Mv), Rv) : VOP(mul)(xv, Rv);                            \
+    if (k == NV - 1) h = VOP(keepn)(h, tail)
+    for (i = 0; i < nrows; i++) {
+        V Mv = VOP(set1)(center ? MEAN[r0 + i] : (AT)0), Rv = VOP(set1)(RSTD[r0 + i]);
+        V s1 = VOP(zero)(), s2 = VOP(zero)();
+        CN_UNROLL for (k = 0; k < NV; k++) {
+            V xv, dyv, h;
+            CN_SMALL_LOAD(xv, X + i * N, k);
+            CN_SMALL_LOAD(dyv, DY + i * N, k);
+            CN_SMALL_XHAT(h, xv, k);
+            V g = VOP(mul)(dyv, wv[k]);
+            s1 = VOP(add)(s1, g);
+            s2 = VOP(fmadd)(g, h, s2);
+        }
+        c1[i] = center ? (AT)((double)VOP(hsum)(s1) * inv_n) : (AT)0;
+        c2[i] = (AT)((double)VOP(hsum)(s2) * inv_n);
+    }
+    for (i = 0; i < nrows; i++) {
+        V Mv = VOP(set1)(center ? MEAN[r0 + i] : (AT)0), Rv = VOP(set1)(RSTD[r0 + i]);
+        V C1 = VOP(set1)(c1[i]), C2 = VOP(set1)(c2[i]);
+        CN_UNROLL for (k = 0; k < NV; k++) {
+            V xv, dyv, h;
+            CN_SMALL_LOAD(xv, X + i * N, k);
+            CN_SMALL_LOAD(dyv, DY + i * N, k);
+            CN_SMALL_XHAT(h, xv, k);
+            V g = VOP(mul)(dyv, wv[k]);
+            V t = center ? VOP(sub)(g, C1) : g;
+            t = VOP(mul)(VOP(fnmadd)(h, C2, t), Rv);
+            if (k < NV - 1 || tail == VL) XST(DX + i * N + k * VL, t);
+            else XSTN(DX + i * N + k * VL, t, tail);
+            dwacc[k] = VOP(fmadd)(dyv, h, dwacc[k]);
+            dbacc[k] = VOP(add)(dbacc[k], dyv);
+        }
+    }
+#undef CN_SMALL_LOAD
+#undef CN_SMALL_XHAT
+}
 
 CN_INLINE void FN(bwd_small_nv)(const cn_bwd_args *a, int64_t r0, int64_t r1, AT *dwp, AT *dbp, const int NV,
                                 const int center)
 {
     const int64_t N = a->N, tail = N - (int64_t)(NV - 1) * VL;
-    const int R = NV == 1 ? 4 : NV == 2 ? 2 : 1;
-    const XT *X = (const XT *)a->x, *DY = (const XT *)a->dy;
-    XT *DX = (XT *)a->dx;
-    const AT *MEAN = (const AT *)a->mean, *RSTD = (const AT *)a->rstd;
+    const double inv_n = 1.0 / (double)N;
     V wv[8], dwacc[8], dbacc[8];
-    int64_t r;
-    int i, k;
-    for (k = 0; k < NV; k++) {
+    int k;
+    CN_UNROLL for (k = 0; k < NV; k++) {
         int64_t t = k < NV - 1 ? VL : tail;
         wv[k] = a->w ? PLDN((const PT *)a->w + k * VL, t) : VOP(set1)((AT)1);
         dwacc[k] = VOP(zero)();
         dbacc[k] = VOP(zero)();
     }
-    for (r = r0; r < r1;) {
-        const int G = r + R <= r1 ? R : 1;   /* rows in this step */
-        V xh[4][8], dy[4][8], g[4][8];
-        AT c1[4], c2[4], rs[4];
-        for (i = 0; i < G; i++) {
-            const XT *x = X + (r + i) * N, *d = DY + (r + i) * N;
-            V Mv = VOP(set1)(center ? MEAN[r + i] : (AT)0);
-            V Rv = VOP(set1)(rs[i] = RSTD[r + i]);
-            V s1 = VOP(zero)(), s2 = VOP(zero)();
-            for (k = 0; k < NV; k++) {
-                int full = k < NV - 1 || tail == VL;
-                V xv = full ? XLD(x + k * VL) : XLDN(x + k * VL, tail);
-                dy[i][k] = full ? XLD(d + k * VL) : XLDN(d + k * VL, tail);
-                V h = center ? VOP(mul)(VOP(sub)(xv, Mv), Rv) : VOP(mul)(xv, Rv);
-                xh[i][k] = full ? h : VOP(keepn)(h, tail);
-                g[i][k] = VOP(mul)(dy[i][k], wv[k]);
-                s1 = VOP(add)(s1, g[i][k]);
-                s2 = VOP(fmadd)(g[i][k], xh[i][k], s2);
-            }
-            c1[i] = center ? (AT)((double)VOP(hsum)(s1) / (double)N) : (AT)0;
-            c2[i] = (AT)((double)VOP(hsum)(s2) / (double)N);
-        }
-        for (i = 0; i < G; i++) {
-            V C1 = VOP(set1)(c1[i]), C2 = VOP(set1)(c2[i]), Rv = VOP(set1)(rs[i]);
-            XT *o = DX + (r + i) * N;
-            for (k = 0; k < NV; k++) {
-                V t = center ? VOP(sub)(g[i][k], C1) : g[i][k];
-                t = VOP(mul)(VOP(fnmadd)(xh[i][k], C2, t), Rv);
-                if (k < NV - 1 || tail == VL) XST(o + k * VL, t);
-                else XSTN(o + k * VL, t, tail);
-                dwacc[k] = VOP(fmadd)(dy[i][k], xh[i][k], dwacc[k]);
-                dbacc[k] = VOP(add)(dbacc[k], dy[i][k]);
-            }
-        }
-        r += G;
-    }
+    for (int64_t r = r0; r < r1; r += SMALL_BLOCK)
+        FN(bwd_small_block)(a, r, r1 - r < SMALL_BLOCK ? r1 - r : SMALL_BLOCK, NV, center, wv, dwacc, dbacc, inv_n);
     if (dwp) {
-        for (k = 0; k < NV; k++) {
+        CN_UNROLL for (k = 0; k < NV; k++) {
             int64_t t = k < NV - 1 ? VL : tail;
             ASTN(dwp + k * VL, dwacc[k], t);
             if (dbp) ASTN(dbp + k * VL, dbacc[k], t);
@@ -567,24 +748,28 @@ static void FN(bwd_small)(const cn_bwd_args *a, int64_t r0, int64_t r1, AT *dwp,
 /* ----------------------------------------------------- backward: rows -- */
 
 /* Rows [r0, r1) of one block; dwp/dbp (N values each, or NULL) receive the
- * block's partial sums of dy*xhat and dy. */
+ * block's partial sums of dy*xhat and dy. Rows go R at a time through pass 1
+ * (see bwd_sums_impl), then each gets its dx pass from cache. */
 static void FN(bwd_rows)(const cn_bwd_args *a, int64_t r0, int64_t r1, void *dwp, void *dbp)
 {
     const int64_t N = a->N;
     if (!a->center) dbp = NULL;
     if (!a->w) dwp = dbp = NULL;
     if (N <= SMALL_MAX) { FN(bwd_small)(a, r0, r1, (AT *)dwp, (AT *)dbp); return; }
-    for (int64_t r = r0; r < r1; r++) {
-        double s1 = 0.0, s2 = 0.0;
+    const int64_t pair_bytes = 2 * N * (int64_t)sizeof(XT);   /* x and dy of one row */
+    const int RB = pair_bytes * 4 <= CN_BWD_GROUP_BYTES ? 4 : pair_bytes * 2 <= CN_BWD_GROUP_BYTES ? 2 : 1;
+    for (int64_t r = r0; r < r1; r += RB) {
+        const int nb = r1 - r < RB ? (int)(r1 - r) : RB;
+        double s1[4] = {0, 0, 0, 0}, s2[4] = {0, 0, 0, 0};
         for (int64_t c0 = 0; c0 < N; c0 += CN_CHUNK) {
             int64_t c1 = c0 + CN_CHUNK < N ? c0 + CN_CHUNK : N;
-            double t1, t2;
-            FN(bwd_chunk)(a, r, c0, c1, dwp, dbp, r == r0, &t1, &t2);
-            s1 += t1;
-            s2 += t2;
+            AT t1[4], t2[4];
+            FN(bwd_chunk_rows)(a, r, nb, c0, c1, dwp, dbp, r == r0, t1, t2);
+            for (int i = 0; i < nb; i++) { s1[i] += (double)t1[i]; s2[i] += (double)t2[i]; }
         }
-        FN(bwd_apply)(a, r, 0, N, s1, s2);
+        for (int i = 0; i < nb; i++) FN(bwd_row_dx)(a, r + i, RB, s1[i], s2[i]);
     }
+    if (a->stream) cn_stream_fence();
 }
 
 /* --------------------------------------------- partial-sum bookkeeping -- */
@@ -611,8 +796,8 @@ static void FN(acc_to_param)(void *out_, const void *src_, int64_t c0, int64_t c
 
 static const cn_ops FN(cn_ops) = {
     (int)sizeof(XT), (int)sizeof(PT), (int)sizeof(AT), SMALL_MAX,
-    FN(fwd_rows), FN(fwd_chunk), FN(fwd_finish), FN(fwd_apply),
-    FN(bwd_rows), FN(bwd_chunk), FN(bwd_apply),
+    FN(fwd_rows), FN(fwd_chunk), FN(fwd_finish), FN(fwd_apply_tile),
+    FN(bwd_rows), FN(bwd_chunk), FN(bwd_apply_tile),
     FN(acc_add), FN(acc_to_param),
 };
 
@@ -623,6 +808,7 @@ static const cn_ops FN(cn_ops) = {
 #undef XLDN
 #undef XST
 #undef XSTN
+#undef XSTREAM
 #undef PLD
 #undef PLDN
 #undef PST
@@ -639,6 +825,8 @@ static const cn_ops FN(cn_ops) = {
 #undef CN_AS
 #undef SMALL_NV_MAX
 #undef SMALL_MAX
+#undef SMALL_BLOCK
+#undef STREAM_ALIGN
 #undef XT
 #undef PT
 #undef AT

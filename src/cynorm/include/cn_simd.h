@@ -29,8 +29,17 @@
 
 #if defined(_MSC_VER) && !defined(__clang__)
 #  define CN_INLINE static __forceinline
+#  define CN_UNLIKELY(c) (c)
+#  define CN_UNROLL
 #else
 #  define CN_INLINE static inline __attribute__((always_inline))
+#  define CN_UNLIKELY(c) __builtin_expect(!!(c), 0)
+/* full unrolling keeps the small-row arrays of vectors in registers */
+#  if defined(__clang__)
+#    define CN_UNROLL _Pragma("unroll")
+#  else
+#    define CN_UNROLL _Pragma("GCC unroll 16")
+#  endif
 #endif
 
 /* ------------------------------------------------------------------ ISA -- */
@@ -53,6 +62,18 @@
 
 #if defined(CN_AVX512) || defined(CN_AVX2)
 #  include <immintrin.h>
+#endif
+
+/* Software prefetch into L1 (never faults, so it may point past the end). */
+#ifndef CN_PREFETCH_HINT
+#  define CN_PREFETCH_HINT _MM_HINT_T0
+#endif
+#if defined(CN_AVX512) || defined(CN_AVX2)
+#  define cn_prefetch(p) _mm_prefetch((const char *)(p), CN_PREFETCH_HINT)
+#elif defined(__GNUC__)
+#  define cn_prefetch(p) __builtin_prefetch((const void *)(p))
+#else
+#  define cn_prefetch(p) ((void)0)
 #endif
 
 typedef uint16_t cn_bf16; /* bfloat16 bit pattern */
@@ -172,6 +193,12 @@ CN_INLINE cn_vf cn_vf_loadn_f16(const cn_f16 *p, int64_t n) { return _mm512_cvtp
 CN_INLINE void cn_vf_store_f16(cn_f16 *p, cn_vf v) { _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(v, CN_F16_RNE)); }
 CN_INLINE void cn_vf_storen_f16(cn_f16 *p, cn_vf v, int64_t n) { _mm256_mask_storeu_epi16(p, cn_mask16(n), _mm512_cvtps_ph(v, CN_F16_RNE)); }
 
+/* Non-temporal stores (p aligned to the store width): large outputs skip the
+ * read-for-ownership of every destination line. */
+CN_INLINE void cn_vf_stream_f32(float *p, cn_vf v) { _mm512_stream_ps(p, v); }
+CN_INLINE void cn_vf_stream_bf16(cn_bf16 *p, cn_vf v) { _mm256_stream_si256((__m256i *)p, cn_vf_to_bf16_bits(v)); }
+CN_INLINE void cn_vf_stream_f16(cn_f16 *p, cn_vf v) { _mm256_stream_si256((__m256i *)p, _mm512_cvtps_ph(v, CN_F16_RNE)); }
+
 CN_INLINE cn_vd cn_vd_zero(void) { return _mm512_setzero_pd(); }
 CN_INLINE cn_vd cn_vd_set1(double s) { return _mm512_set1_pd(s); }
 CN_INLINE cn_vd cn_vd_add(cn_vd a, cn_vd b) { return _mm512_add_pd(a, b); }
@@ -190,6 +217,8 @@ CN_INLINE cn_vd cn_vd_load_f64(const double *p) { return _mm512_loadu_pd(p); }
 CN_INLINE cn_vd cn_vd_loadn_f64(const double *p, int64_t n) { return _mm512_maskz_loadu_pd(cn_mask8(n), p); }
 CN_INLINE void cn_vd_store_f64(double *p, cn_vd v) { _mm512_storeu_pd(p, v); }
 CN_INLINE void cn_vd_storen_f64(double *p, cn_vd v, int64_t n) { _mm512_mask_storeu_pd(p, cn_mask8(n), v); }
+CN_INLINE void cn_vd_stream_f64(double *p, cn_vd v) { _mm512_stream_pd(p, v); }
+CN_INLINE void cn_stream_fence(void) { _mm_sfence(); }
 
 /* ====================================================================== AVX2 */
 #elif defined(CN_AVX2)
@@ -268,6 +297,9 @@ CN_INLINE cn_vf cn_vf_load_f16(const cn_f16 *p) { return _mm256_cvtph_ps(_mm_loa
 CN_INLINE cn_vf cn_vf_loadn_f16(const cn_f16 *p, int64_t n) { return _mm256_cvtph_ps(cn_load16n(p, n)); }
 CN_INLINE void cn_vf_store_f16(cn_f16 *p, cn_vf v) { _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, CN_F16_RNE)); }
 CN_INLINE void cn_vf_storen_f16(cn_f16 *p, cn_vf v, int64_t n) { cn_store16n(p, _mm256_cvtps_ph(v, CN_F16_RNE), n); }
+CN_INLINE void cn_vf_stream_f32(float *p, cn_vf v) { _mm256_stream_ps(p, v); }
+CN_INLINE void cn_vf_stream_bf16(cn_bf16 *p, cn_vf v) { _mm_stream_si128((__m128i *)p, cn_vf_to_bf16_bits(v)); }
+CN_INLINE void cn_vf_stream_f16(cn_f16 *p, cn_vf v) { _mm_stream_si128((__m128i *)p, _mm256_cvtps_ph(v, CN_F16_RNE)); }
 
 CN_INLINE cn_vd cn_vd_zero(void) { return _mm256_setzero_pd(); }
 CN_INLINE cn_vd cn_vd_set1(double s) { return _mm256_set1_pd(s); }
@@ -286,6 +318,8 @@ CN_INLINE cn_vd cn_vd_load_f64(const double *p) { return _mm256_loadu_pd(p); }
 CN_INLINE cn_vd cn_vd_loadn_f64(const double *p, int64_t n) { return _mm256_maskload_pd(p, cn_mask64(n)); }
 CN_INLINE void cn_vd_store_f64(double *p, cn_vd v) { _mm256_storeu_pd(p, v); }
 CN_INLINE void cn_vd_storen_f64(double *p, cn_vd v, int64_t n) { _mm256_maskstore_pd(p, cn_mask64(n), v); }
+CN_INLINE void cn_vd_stream_f64(double *p, cn_vd v) { _mm256_stream_pd(p, v); }
+CN_INLINE void cn_stream_fence(void) { _mm_sfence(); }
 
 /* =================================================================== generic */
 #else
@@ -316,19 +350,28 @@ CN_INLINE float cn_vf_hsum(cn_vf a)
 }
 CN_INLINE double cn_vd_hsum(cn_vd a) { return (a.v[0] + a.v[2]) + (a.v[1] + a.v[3]); }
 
-/* load/store between lanes V of scalar S and storage T through converters TO/FROM */
+/* load/store between lanes V of scalar S and storage T through converters TO/FROM.
+ * Left to the compiler to inline: forcing the bit-twiddling f16 converters
+ * into every unrolled kernel makes the fallback build huge and slow to compile. */
 #define CN_GEN_IO(V, L, SUFFIX, T, TO_LANE, FROM_LANE)                                           \
-    CN_INLINE V V##_load_##SUFFIX(const T *p) { V r; for (int i = 0; i < L; i++) r.v[i] = TO_LANE(p[i]); return r; } \
-    CN_INLINE V V##_loadn_##SUFFIX(const T *p, int64_t n)                                        \
+    static inline V V##_load_##SUFFIX(const T *p) { V r; for (int i = 0; i < L; i++) r.v[i] = TO_LANE(p[i]); return r; } \
+    static inline V V##_loadn_##SUFFIX(const T *p, int64_t n)                                    \
     { V r; for (int i = 0; i < L; i++) r.v[i] = i < n ? TO_LANE(p[i]) : 0; return r; }           \
-    CN_INLINE void V##_store_##SUFFIX(T *p, V a) { for (int i = 0; i < L; i++) p[i] = FROM_LANE(a.v[i]); } \
-    CN_INLINE void V##_storen_##SUFFIX(T *p, V a, int64_t n) { for (int i = 0; i < n; i++) p[i] = FROM_LANE(a.v[i]); }
+    static inline void V##_store_##SUFFIX(T *p, V a) { for (int i = 0; i < L; i++) p[i] = FROM_LANE(a.v[i]); } \
+    static inline void V##_storen_##SUFFIX(T *p, V a, int64_t n) { for (int i = 0; i < n; i++) p[i] = FROM_LANE(a.v[i]); }
 
 #define CN_SAME(x) (x)
 CN_GEN_IO(cn_vf, CN_VF_LANES, f32, float, CN_SAME, CN_SAME)
 CN_GEN_IO(cn_vf, CN_VF_LANES, bf16, cn_bf16, cn_bf16_to_f32, cn_f32_to_bf16)
 CN_GEN_IO(cn_vf, CN_VF_LANES, f16, cn_f16, cn_f16_to_f32, cn_f32_to_f16)
 CN_GEN_IO(cn_vd, CN_VD_LANES, f64, double, CN_SAME, CN_SAME)
+
+/* no portable streaming store: plain stores */
+#define cn_vf_stream_f32 cn_vf_store_f32
+#define cn_vf_stream_bf16 cn_vf_store_bf16
+#define cn_vf_stream_f16 cn_vf_store_f16
+#define cn_vd_stream_f64 cn_vd_store_f64
+CN_INLINE void cn_stream_fence(void) {}
 
 #endif /* ISA */
 
