@@ -157,7 +157,9 @@ def _extensions():
     return cythonize(
         exts,
         include_path=["src"],
-        compiler_directives={"language_level": 3},
+        # (directives here, not in _kernels.pxi: Cython ignores them in included files)
+        compiler_directives={"language_level": 3, "boundscheck": False, "wraparound": False,
+                             "cdivision": True, "initializedcheck": False},
         nthreads=os.cpu_count() or 1,
     )
 

@@ -1,10 +1,10 @@
-# cython: boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-#
 # Kernel orchestration, compiled once per ISA level (see _kernels_<level>.pyx).
 #
 # The per-row math lives in include/cn_rows.h. This file decides who computes
 # what and in which order: threads, row blocks, column chunks, and the fixed
 # reduction order that makes every output bit-identical for any thread count.
+#
+# Compiler directives (no bounds checks, C division) are set in setup.py.
 #
 # Arrays arrive as C-contiguous ndarrays already checked by cynorm._api; their
 # data pointers are read with the NumPy C API. (Typed memoryviews would cost
@@ -67,11 +67,12 @@ cdef extern from "cn_kernels.h" nogil:
         void (*fwd_rows)(const cn_fwd_args *, int64_t, int64_t) noexcept nogil
         void (*fwd_chunk)(const cn_fwd_args *, int64_t, int64_t, int64_t, cn_moments *) noexcept nogil
         void (*fwd_finish)(const cn_fwd_args *, int64_t, const cn_moments *, cn_row_stats *) noexcept nogil
-        void (*fwd_apply)(const cn_fwd_args *, int64_t, int64_t, int64_t, const cn_row_stats *) noexcept nogil
+        void (*fwd_apply)(const cn_fwd_args *, int64_t, int64_t, int64_t, int64_t, const cn_row_stats *) noexcept nogil
         void (*bwd_rows)(const cn_bwd_args *, int64_t, int64_t, void *, void *) noexcept nogil
-        void (*bwd_chunk)(const cn_bwd_args *, int64_t, int64_t, int64_t, void *, void *, int,
-                          double *, double *) noexcept nogil
-        void (*bwd_apply)(const cn_bwd_args *, int64_t, int64_t, int64_t, double, double) noexcept nogil
+        void (*bwd_chunk)(const cn_bwd_args *, int64_t, int, int64_t, int64_t, double *, double *,
+                          int64_t) noexcept nogil
+        void (*bwd_apply)(const cn_bwd_args *, int64_t, int64_t, int64_t, int64_t, const double *, void *, void *,
+                          int64_t) noexcept nogil
         void (*acc_add)(void *, const void *, int64_t, int64_t) noexcept nogil
         void (*acc_to_param)(void *, const void *, int64_t, int64_t) noexcept nogil
 
@@ -79,6 +80,7 @@ cdef extern from "cn_kernels.h" nogil:
     const int *cn_half_params
     void cn_bf16_to_f32_array(const uint16_t *src, float *dst, int64_t n)
     void cn_moments_merge(cn_moments *a, const cn_moments *b)
+    void cn_stream_fence()
     void cn_f32_to_bf16_array(const float *src, uint16_t *dst, int64_t n)
     void cn_f32_to_f16_array(const float *src, uint16_t *dst, int64_t n)
     void cn_f16_to_f32_array(const uint16_t *src, float *dst, int64_t n)
@@ -89,8 +91,8 @@ cdef extern from "cn_kernels.h" nogil:
 # (waking a pool thread is a few microseconds).
 cdef int64_t MIN_ELEMS_PER_THREAD = 1 << 15
 # The team path works on groups of rows of about this many bytes, so that the
-# second pass over a group finds it in cache.
-cdef int64_t TEAM_GROUP_BYTES = 4 << 20
+# second pass over a group finds it in (last-level) cache.
+cdef int64_t TEAM_GROUP_BYTES = 7 << 20
 # The row path keeps one block's dweight/dbias partial in cache while it walks
 # the block's rows; beyond this size the team path is used instead.
 cdef int64_t PART_CACHE_BYTES = 256 << 10
@@ -98,9 +100,11 @@ cdef int64_t PART_CACHE_BYTES = 256 << 10
 # not stay in cache anyway, and streaming skips reading every destination line.
 cdef int64_t STREAM_MIN_BYTES = 8 << 20
 # dweight/dbias are summed over fixed row blocks: at most MAX_BLOCKS blocks of
-# at least MIN_BLOCK_ROWS rows. Depends on M only -- never on threads.
+# at least MIN_BLOCK_ROWS rows, and few enough that all block partials hold at
+# most BLOCK_PARTIAL_ELEMS numbers. Depends on M and N only -- never on threads.
 cdef int64_t MAX_BLOCKS = 64
 cdef int64_t MIN_BLOCK_ROWS = 8
+cdef int64_t BLOCK_PARTIAL_ELEMS = 8 << 20
 
 
 cdef inline int64_t _min(int64_t a, int64_t b) noexcept nogil:
@@ -117,8 +121,11 @@ cdef inline int _threads_for(int64_t elems, int requested) noexcept nogil:
     return <int>_min(requested, cap)
 
 
-cdef inline int64_t block_rows(int64_t M) noexcept nogil:
+cdef inline int64_t block_rows(int64_t M, int64_t N) noexcept nogil:
     cdef int64_t B = (M + MAX_BLOCKS - 1) // MAX_BLOCKS
+    cdef int64_t by_size = (M * N + BLOCK_PARTIAL_ELEMS - 1) // BLOCK_PARTIAL_ELEMS
+    if by_size > B:
+        B = by_size
     return B if B > MIN_BLOCK_ROWS else MIN_BLOCK_ROWS
 
 
@@ -156,11 +163,11 @@ cdef int _forward_team(const cn_ops *ops, const cn_fwd_args *a, int T) noexcept 
                 for c in range(1, nc):
                     cn_moments_merge(&total, &mom[i * nc + c])
                 ops.fwd_finish(a, g0 + i, &total, &st[i])
-            for t in prange((g1 - g0) * nc, schedule='static'):
-                i = t // nc
-                c = t - i * nc
-                ops.fwd_apply(a, g0 + i, c * K, _min(N, c * K + K), &st[i])
+            # each thread walks the group's rows for its column chunks (weight/bias reuse)
+            for c in prange(nc, schedule='static'):
+                ops.fwd_apply(a, g0, g1 - g0, c * K, _min(N, c * K + K), st)
             g0 = g1
+        cn_stream_fence()   # make this thread's non-temporal stores visible
     free(mom)
     free(st)
     return 0
@@ -185,21 +192,21 @@ cdef int _forward(const cn_ops *ops, const cn_fwd_args *a, int T) noexcept nogil
 
 cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t B, int k,
                         char *tot_dw, char *tot_db) noexcept nogil:
-    """Long rows: blocks in order, all threads on each block.
+    """Long rows: blocks in order, all threads on each block, a group of rows at a time.
 
-    Phase A: each thread owns column chunks and walks the block's rows in
-    order, so a column's partial is built exactly as bwd_rows builds it; it
-    also records each (row, chunk) pair of sums. Phase B merges the sums per
-    row (chunk order) and phase C writes dx. Rows are taken in groups that fit
-    in cache, so phase C rereads them from cache."""
+    Phase A: each row's two sums, chunk by chunk, two rows at a time (more
+    concurrent DRAM streams than that lose bandwidth). Phase B: the per-row
+    totals, in chunk order. Phase C, with the group back from cache: each
+    thread owns column chunks and walks the group's rows in order, writing dx
+    and adding each row into the block partial -- the order bwd_rows uses, so
+    the bits match the row path."""
     cdef int64_t M = a.M, N = a.N, K = CN_CHUNK
     cdef int64_t nc = (N + K - 1) // K
     cdef int64_t nb = (M + B - 1) // B
     cdef size_t part_bytes = N * ops.acc_size
     cdef int64_t S = TEAM_GROUP_BYTES // (N * 2 * ops.x_size)
-    if S < 1:
-        S = B   # rows do not fit in cache anyway: favour partial-sum reuse
-    S = _min(S, B)
+    # rows that do not fit in cache anyway: a few at a time, for partial/weight reuse
+    S = _min(S if S > 1 else 4, B)
     cdef double *sums = <double *>malloc(S * nc * 2 * sizeof(double))
     cdef double *rowsums = <double *>malloc(S * 2 * sizeof(double))
     cdef char *blk_part = NULL
@@ -210,7 +217,7 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t 
         free(rowsums)
         free(blk_part)
         return -1
-    cdef int64_t blk, r0, r1, s0, s1, r, c, i, t
+    cdef int64_t blk, r0, r1, s0, s1, r, c, i, t, npairs
     cdef char *dwp
     cdef char *dbp
     cdef double acc1, acc2
@@ -227,10 +234,13 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t 
             s0 = r0
             while s0 < r1:
                 s1 = _min(r1, s0 + S)
-                for c in prange(nc, schedule='static'):
-                    for r in range(s0, s1):
-                        ops.bwd_chunk(a, r, c * K, _min(N, c * K + K), dwp, dbp, r == r0,
-                                      &sums[((r - s0) * nc + c) * 2], &sums[((r - s0) * nc + c) * 2 + 1])
+                npairs = (s1 - s0 + 1) // 2
+                for t in prange(npairs * nc, schedule='static'):
+                    i = t // nc
+                    c = t - i * nc
+                    r = s0 + 2 * i
+                    ops.bwd_chunk(a, r, <int>_min(2, s1 - r), c * K, _min(N, c * K + K),
+                                  &sums[((r - s0) * nc + c) * 2], &sums[((r - s0) * nc + c) * 2 + 1], nc * 2)
                 for i in prange(s1 - s0, schedule='static'):
                     acc1 = 0.0
                     acc2 = 0.0
@@ -239,16 +249,15 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t 
                         acc2 = acc2 + sums[(i * nc + c) * 2 + 1]
                     rowsums[2 * i] = acc1
                     rowsums[2 * i + 1] = acc2
-                for t in prange((s1 - s0) * nc, schedule='static'):
-                    i = t // nc
-                    c = t - i * nc
-                    ops.bwd_apply(a, s0 + i, c * K, _min(N, c * K + K), rowsums[2 * i], rowsums[2 * i + 1])
+                for c in prange(nc, schedule='static'):
+                    ops.bwd_apply(a, s0, s1 - s0, c * K, _min(N, c * K + K), rowsums, dwp, dbp, r0)
                 s0 = s1
             if k and blk > 0:
                 for c in prange(nc, schedule='static'):
                     ops.acc_add(tot_dw, blk_part, c * K, _min(N, c * K + K))
                     if k == 2:
                         ops.acc_add(tot_db, blk_part + part_bytes, c * K, _min(N, c * K + K))
+        cn_stream_fence()   # make this thread's non-temporal stores visible
     free(sums)
     free(rowsums)
     free(blk_part)
@@ -296,7 +305,7 @@ cdef int _backward(const cn_ops *ops, const cn_bwd_args *a, int T, int k,
                    char *out_dw, char *out_db) noexcept nogil:
     """k = number of parameter grads (0, 1 = dweight, 2 = dweight and dbias)."""
     cdef int64_t M = a.M, N = a.N, c, K = CN_CHUNK
-    cdef int64_t B = block_rows(M)
+    cdef int64_t B = block_rows(M, N)
     cdef int64_t nb = (M + B - 1) // B
     cdef int64_t nc = (N + K - 1) // K
     cdef size_t part_bytes = N * ops.acc_size
@@ -442,13 +451,27 @@ def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, 
 
 # ------------------------------------------------------------ introspection --
 
-def set_min_elems_per_thread(int64_t n):
-    """Set the work threshold below which calls stay on one thread; returns the old value.
+def _policy(str name, int64_t value=-1):
+    """Read (value < 0) or set one scheduling constant; returns the old value.
 
-    For tests only: a threshold of 1 makes tiny inputs take the parallel paths."""
-    global MIN_ELEMS_PER_THREAD
-    old = MIN_ELEMS_PER_THREAD
-    MIN_ELEMS_PER_THREAD = n if n > 0 else 1
+    For tests and tuning only -- e.g. ("min_elems_per_thread", 1) makes tiny
+    inputs take the parallel paths. None of these changes a result bit."""
+    global MIN_ELEMS_PER_THREAD, TEAM_GROUP_BYTES, PART_CACHE_BYTES, STREAM_MIN_BYTES
+    cdef int64_t old
+    if name == "min_elems_per_thread":
+        old = MIN_ELEMS_PER_THREAD
+        if value >= 0: MIN_ELEMS_PER_THREAD = max(value, 1)
+    elif name == "team_group_bytes":
+        old = TEAM_GROUP_BYTES
+        if value >= 0: TEAM_GROUP_BYTES = max(value, 1)
+    elif name == "part_cache_bytes":
+        old = PART_CACHE_BYTES
+        if value >= 0: PART_CACHE_BYTES = value
+    elif name == "stream_min_bytes":
+        old = STREAM_MIN_BYTES
+        if value >= 0: STREAM_MIN_BYTES = value
+    else:
+        raise KeyError(name)
     return old
 
 

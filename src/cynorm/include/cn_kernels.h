@@ -38,6 +38,14 @@ enum {
 #ifndef CN_FWD_GROUP_BYTES
 #define CN_FWD_GROUP_BYTES (16 << 10)
 #endif
+/* Rows longer than this are normalized column chunk by column chunk across a
+ * group of rows (chunks of CN_APPLY_CHUNK elements); see fwd_rows. */
+#ifndef CN_LONG_ROW_BYTES
+#define CN_LONG_ROW_BYTES (64 << 10)
+#endif
+#ifndef CN_APPLY_CHUNK
+#define CN_APPLY_CHUNK 2048
+#endif
 #ifndef CN_BWD_GROUP_BYTES
 #define CN_BWD_GROUP_BYTES (64 << 10)
 #endif
@@ -110,12 +118,14 @@ typedef struct {
     /* team path: chunks of rows */
     void (*fwd_chunk)(const cn_fwd_args *, int64_t row, int64_t c0, int64_t c1, cn_moments *out);
     void (*fwd_finish)(const cn_fwd_args *, int64_t row, const cn_moments *total, cn_row_stats *out);
-    void (*fwd_apply)(const cn_fwd_args *, int64_t row, int64_t c0, int64_t c1, const cn_row_stats *st);
+    void (*fwd_apply)(const cn_fwd_args *, int64_t row, int64_t nrows, int64_t c0, int64_t c1,
+                      const cn_row_stats *st);
     /* rows of one block, and their chunk-level pieces */
     void (*bwd_rows)(const cn_bwd_args *, int64_t r0, int64_t r1, void *dw_part, void *db_part);
-    void (*bwd_chunk)(const cn_bwd_args *, int64_t row, int64_t c0, int64_t c1, void *dw_part, void *db_part,
-                      int init, double *s1, double *s2);
-    void (*bwd_apply)(const cn_bwd_args *, int64_t row, int64_t c0, int64_t c1, double s1, double s2);
+    void (*bwd_chunk)(const cn_bwd_args *, int64_t row, int nrows, int64_t c0, int64_t c1, double *s1, double *s2,
+                      int64_t stride);
+    void (*bwd_apply)(const cn_bwd_args *, int64_t row, int64_t nrows, int64_t c0, int64_t c1,
+                      const double *rowsums, void *dw_part, void *db_part, int64_t first_row_of_block);
     /* partial sums (accumulator dtype) */
     void (*acc_add)(void *dst, const void *src, int64_t c0, int64_t c1);
     void (*acc_to_param)(void *out, const void *src, int64_t c0, int64_t c1);

@@ -282,22 +282,23 @@ static void FN(fwd_finish)(const cn_fwd_args *a, int64_t r, const cn_moments *to
     ((AT *)a->rstd)[r] = (AT)rstd;
 }
 
-static void FN(fwd_apply)(const cn_fwd_args *a, int64_t r, int64_t c0, int64_t c1, const cn_row_stats *st)
+/* Normalize rows r..r+nrows-1 over columns c0..c1, walking the rows in order:
+ * the weight/bias piece stays in L1 across the rows (for chw-style shapes it
+ * is as long as a row), and each row's next piece is prefetched because the
+ * walk jumps between rows. */
+static void FN(fwd_apply)(const cn_fwd_args *a, int64_t r, int64_t nrows, int64_t c0, int64_t c1,
+                          const cn_row_stats *st)
 {
-    const int64_t N = a->N;
+    const int64_t N = a->N, n = c1 - c0;
     const PT *w = a->w ? (const PT *)a->w + c0 : NULL;
     const PT *b = a->b ? (const PT *)a->b + c0 : NULL;
-    const XT *x = (const XT *)a->x + r * N + c0;
-    if (!st->ok) return;
-    FN(apply)(x, (XT *)a->y + r * N + c0, w, b, c1 - c0, (AT)st->pivot, (AT)st->delta, (AT)st->rstd,
-              a->center, a->stream, x, 0);
-}
-
-/* team path: one call per thread once it has written its tiles */
-static void FN(fwd_apply_tile)(const cn_fwd_args *a, int64_t r, int64_t c0, int64_t c1, const cn_row_stats *st)
-{
-    FN(fwd_apply)(a, r, c0, c1, st);
-    if (a->stream) cn_stream_fence();
+    for (int64_t i = 0; i < nrows; i++) {
+        const XT *x = (const XT *)a->x + (r + i) * N + c0;
+        int64_t pf = i + 1 < nrows ? N : n - (nrows - 1) * N;  /* next row here, or back to the first, further on */
+        if (!st[i].ok) continue;
+        FN(apply)(x, (XT *)a->y + (r + i) * N + c0, w, b, n, (AT)st[i].pivot, (AT)st[i].delta, (AT)st[i].rstd,
+                  a->center, a->stream, x + pf, c1 < N || i + 1 < nrows ? n : 0);
+    }
 }
 
 /* ------------------------------------------------ forward: small rows -- */
@@ -425,26 +426,38 @@ CN_INLINE void FN(fwd_row_stats)(const cn_fwd_args *a, int64_t r, cn_row_stats *
     FN(fwd_finish)(a, r, &tot, st);
 }
 
-/* Whole rows, a few at a time: the stats of all rows in the group first, so
- * that one row's sqrt/divide chain overlaps the next row's pass 1, then the
- * normalizing passes (from cache), which prefetch the next group. */
+/* Whole rows, a few at a time. Short rows: the stats of the whole group
+ * first, so one row's sqrt/divide chain overlaps the next row's pass 1, then
+ * each row's normalizing pass from cache, prefetching the next group. Long
+ * rows (weight and bias no longer fit in L1): stats row by row, then the
+ * normalizing passes column chunk by column chunk across the group, so each
+ * weight/bias chunk is read once per group instead of once per row. */
 static void FN(fwd_rows)(const cn_fwd_args *a, int64_t r0, int64_t r1)
 {
     const int64_t N = a->N;
     if (N <= SMALL_MAX) { FN(fwd_small)(a, r0, r1); return; }
     const int64_t row_bytes = N * (int64_t)sizeof(XT);
-    const int64_t RB = row_bytes * 4 <= CN_FWD_GROUP_BYTES ? 4 : row_bytes * 2 <= CN_FWD_GROUP_BYTES ? 2 : 1;
     const PT *W = (const PT *)a->w, *B = (const PT *)a->b;
     cn_row_stats st[4];
-    for (int64_t r = r0; r < r1; r += RB) {
-        const int64_t nb = r1 - r < RB ? r1 - r : RB;
-        for (int64_t i = 0; i < nb; i++) FN(fwd_row_stats)(a, r + i, &st[i]);
-        for (int64_t i = 0; i < nb; i++) {
-            const XT *x = (const XT *)a->x + (r + i) * N;
-            int64_t npf = r + i + RB < a->M ? (N < CN_PREFETCH_MAX ? N : CN_PREFETCH_MAX) : 0;
-            if (!st[i].ok) continue;
-            FN(apply)(x, (XT *)a->y + (r + i) * N, W, B, N, (AT)st[i].pivot, (AT)st[i].delta, (AT)st[i].rstd,
-                      a->center, a->stream, x + RB * N, npf);
+    if (row_bytes > CN_LONG_ROW_BYTES) {
+        for (int64_t r = r0; r < r1; r += 4) {
+            const int64_t nb = r1 - r < 4 ? r1 - r : 4;
+            for (int64_t i = 0; i < nb; i++) FN(fwd_row_stats)(a, r + i, &st[i]);
+            for (int64_t c0 = 0; c0 < N; c0 += CN_APPLY_CHUNK)
+                FN(fwd_apply)(a, r, nb, c0, c0 + CN_APPLY_CHUNK < N ? c0 + CN_APPLY_CHUNK : N, st);
+        }
+    } else {
+        const int64_t RB = row_bytes * 4 <= CN_FWD_GROUP_BYTES ? 4 : row_bytes * 2 <= CN_FWD_GROUP_BYTES ? 2 : 1;
+        for (int64_t r = r0; r < r1; r += RB) {
+            const int64_t nb = r1 - r < RB ? r1 - r : RB;
+            for (int64_t i = 0; i < nb; i++) FN(fwd_row_stats)(a, r + i, &st[i]);
+            for (int64_t i = 0; i < nb; i++) {
+                const XT *x = (const XT *)a->x + (r + i) * N;
+                int64_t npf = r + i + RB < a->M ? (N < CN_PREFETCH_MAX ? N : CN_PREFETCH_MAX) : 0;
+                if (!st[i].ok) continue;
+                FN(apply)(x, (XT *)a->y + (r + i) * N, W, B, N, (AT)st[i].pivot, (AT)st[i].delta,
+                          (AT)st[i].rstd, a->center, a->stream, x + RB * N, npf);
+            }
         }
     }
     if (a->stream) cn_stream_fence();
@@ -460,7 +473,7 @@ static void FN(fwd_rows)(const cn_fwd_args *a, int64_t r0, int64_t r1)
  * row's arithmetic is exactly that of R == 1, so R never changes a bit. */
 CN_INLINE void FN(bwd_sums_impl)(const XT *dy, const XT *x, const PT *w, int64_t n, int64_t ld, const AT *mean,
                                  const AT *rstd, AT *dwp, AT *dbp, const int R, const int center, const int has_w,
-                                 const int init, AT *s1, AT *s2)
+                                 const int part, const int init, AT *s1, AT *s2)
 {
     V Mv[4], Rv[4], s1a[4], s1b[4], s2a[4], s2b[4], z = VOP(zero)();
     int64_t j = 0;
@@ -480,7 +493,7 @@ CN_INLINE void FN(bwd_sums_impl)(const XT *dy, const XT *x, const PT *w, int64_t
             V g = has_w ? VOP(mul)(dyv, wv) : dyv;                                               \
             if (center) S1[i] = VOP(add)(S1[i], g);                                              \
             S2[i] = VOP(fmadd)(g, xh, S2[i]);                                                    \
-            if (has_w) {                                                                         \
+            if (part) {                                                                          \
                 if (i == 0 && init) { dw_acc = VOP(mul)(dyv, xh); db_acc = dyv; }                \
                 else {                                                                           \
                     if (i == 0) { dw_acc = LDA(dwp + (J)); if (center) db_acc = LDA(dbp + (J)); } \
@@ -489,7 +502,7 @@ CN_INLINE void FN(bwd_sums_impl)(const XT *dy, const XT *x, const PT *w, int64_t
                 }                                                                                \
             }                                                                                    \
         }                                                                                        \
-        if (has_w) {                                                                             \
+        if (part) {                                                                              \
             STA(dwp + (J), dw_acc);                                                              \
             if (center) STA(dbp + (J), db_acc);                                                  \
         }                                                                                        \
@@ -531,83 +544,106 @@ static void FN(bwd_chunk_rows)(const cn_bwd_args *a, int64_t r, int R, int64_t c
     const PT *w = a->w ? (const PT *)a->w + c0 : NULL;
     AT *dwp = dwp_ ? (AT *)dwp_ + c0 : NULL, *dbp = dbp_ ? (AT *)dbp_ + c0 : NULL;
     const AT *mean = a->center ? (const AT *)a->mean + r : NULL, *rstd = (const AT *)a->rstd + r;
-#define CN_CALL(RR, C, W, I) FN(bwd_sums_impl)(dy, x, w, n, N, mean, rstd, dwp, dbp, RR, C, W, I, s1, s2)
-#define CN_BY_R(C, W, I)                                                                          \
+#define CN_CALL(RR, C, W, P, I) FN(bwd_sums_impl)(dy, x, w, n, N, mean, rstd, dwp, dbp, RR, C, W, P, I, s1, s2)
+#define CN_BY_R(C, W, P, I)                                                                       \
     switch (R) {                                                                                  \
-    case 1: CN_CALL(1, C, W, I); break;                                                           \
-    case 2: CN_CALL(2, C, W, I); break;                                                           \
-    case 3: CN_CALL(3, C, W, I); break;                                                           \
-    default: CN_CALL(4, C, W, I); break;                                                          \
+    case 1: CN_CALL(1, C, W, P, I); break;                                                        \
+    case 2: CN_CALL(2, C, W, P, I); break;                                                        \
+    case 3: CN_CALL(3, C, W, P, I); break;                                                        \
+    default: CN_CALL(4, C, W, P, I); break;                                                       \
     }
+    /* partials (dwp) only come with a weight; sums alone may still use one */
     if (a->center) {
-        if (dwp) { if (init) CN_BY_R(1, 1, 1) else CN_BY_R(1, 1, 0) }
-        else CN_BY_R(1, 0, 0)
+        if (dwp) { if (init) CN_BY_R(1, 1, 1, 1) else CN_BY_R(1, 1, 1, 0) }
+        else if (w) CN_BY_R(1, 1, 0, 0)
+        else CN_BY_R(1, 0, 0, 0)
     } else {
-        if (dwp) { if (init) CN_BY_R(0, 1, 1) else CN_BY_R(0, 1, 0) }
-        else CN_BY_R(0, 0, 0)
+        if (dwp) { if (init) CN_BY_R(0, 1, 1, 1) else CN_BY_R(0, 1, 1, 0) }
+        else if (w) CN_BY_R(0, 1, 0, 0)
+        else CN_BY_R(0, 0, 0, 0)
     }
 #undef CN_BY_R
 #undef CN_CALL
 }
 
-/* team path: one row, one chunk */
-static void FN(bwd_chunk)(const cn_bwd_args *a, int64_t r, int64_t c0, int64_t c1, void *dwp, void *dbp,
-                          int init, double *s1, double *s2)
+/* Team path, phase A: the sums of R rows (1..4) from r over one chunk, no
+ * partials (phase C adds those); row i's sums go to s1[i*stride], s2[i*stride]. */
+static void FN(bwd_chunk)(const cn_bwd_args *a, int64_t r, int R, int64_t c0, int64_t c1, double *s1, double *s2,
+                          int64_t stride)
 {
-    AT t1, t2;
-    FN(bwd_chunk_rows)(a, r, 1, c0, c1, a->w ? dwp : NULL, a->w && a->center ? dbp : NULL, init, &t1, &t2);
-    *s1 = (double)t1;
-    *s2 = (double)t2;
+    AT t1[4], t2[4];
+    FN(bwd_chunk_rows)(a, r, R, c0, c1, NULL, NULL, 0, t1, t2);
+    for (int i = 0; i < R; i++) {
+        s1[i * stride] = (double)t1[i];
+        s2[i * stride] = (double)t2[i];
+    }
 }
 
 /* Pass 2: dx = rstd * (g - c1 - xhat * c2), c1 = mean(g), c2 = mean(g * xhat).
- * stream: non-temporal stores for the aligned middle; pf/pdy: the next row,
- * prefetched while this one is computed from cache. */
+ * stream: non-temporal stores for the aligned middle; pf/npf: prefetch the
+ * row that far on while this one is computed from cache.
+ * acc (team path): also add the row into the partials dwp (+ dbp when
+ * has_db), writing instead of adding when acc == 1 -- the same operations as
+ * in bwd_sums_impl, so the partials come out bit-identical. */
 CN_INLINE void FN(bwd_dx_impl)(const XT *dy, const XT *x, const PT *w, XT *dx, int64_t n, AT mean, AT rstd, AT c1,
-                               AT c2, const int center, const int has_w, const int stream, int64_t pf, int64_t npf)
+                               AT c2, const int center, const int has_w, const int stream, int64_t pf, int64_t npf,
+                               AT *dwp, AT *dbp, const int acc, const int has_db)
 {
     V Mv = VOP(set1)(mean), R = VOP(set1)(rstd), C1 = VOP(set1)(c1), C2 = VOP(set1)(c2);
     int64_t j = 0, head = stream ? FN(stream_peel)(dx, n) : 0;
-#define CN_DX(J, T, LDX, LDP, STORE)                                                      \
+#define CN_DX(J, T, LDX, LDP, LDA, STA, STORE)                                            \
     {                                                                                     \
-        V xv = LDX(x + (J), T), g = LDX(dy + (J), T);                                     \
+        V xv = LDX(x + (J), T), dyv = LDX(dy + (J), T), g = dyv;                          \
         V xh = center ? VOP(mul)(VOP(sub)(xv, Mv), R) : VOP(mul)(xv, R);                  \
         if (has_w) g = VOP(mul)(g, LDP(w + (J), T));                                      \
         if (center) g = VOP(sub)(g, C1);                                                  \
         STORE(dx + (J), VOP(mul)(VOP(fnmadd)(xh, C2, g), R), T);                          \
+        if (acc) {                                                                        \
+            STA(dwp + (J), acc == 1 ? VOP(mul)(dyv, xh) : VOP(fmadd)(dyv, xh, LDA(dwp + (J), T)), T); \
+            if (has_db) STA(dbp + (J), acc == 1 ? dyv : VOP(add)(dyv, LDA(dbp + (J), T)), T); \
+        }                                                                                 \
     }
 #define CN_LDX_FULL(p, t) XLD(p)
 #define CN_LDP_FULL(p, t) PLD(p)
+#define CN_LDA_FULL(p, t) ALD(p)
+#define CN_STA_FULL(p, v, t) AST(p, v)
 #define CN_ST_FULL(p, v, t) XST(p, v)
 #define CN_ST_STREAM(p, v, t) XSTREAM(p, v)
 #define CN_LDX_PART(p, t) XLDN(p, t)
 #define CN_LDP_PART(p, t) PLDN(p, t)
+#define CN_LDA_PART(p, t) ALDN(p, t)
+#define CN_STA_PART(p, v, t) ASTN(p, v, t)
 #define CN_ST_PART(p, v, t) XSTN(p, v, t)
-    if (head) CN_DX(0, head, CN_LDX_PART, CN_LDP_PART, CN_ST_PART)
+    if (head) CN_DX(0, head, CN_LDX_PART, CN_LDP_PART, CN_LDA_PART, CN_STA_PART, CN_ST_PART)
     j = head;
     if (stream)
         for (; j + VL <= n; j += VL) {
             if (j < npf) { cn_prefetch(x + pf + j); cn_prefetch(dy + pf + j); }
-            CN_DX(j, VL, CN_LDX_FULL, CN_LDP_FULL, CN_ST_STREAM)
+            CN_DX(j, VL, CN_LDX_FULL, CN_LDP_FULL, CN_LDA_FULL, CN_STA_FULL, CN_ST_STREAM)
         }
     else
         for (; j + VL <= n; j += VL) {
             if (j < npf) { cn_prefetch(x + pf + j); cn_prefetch(dy + pf + j); }
-            CN_DX(j, VL, CN_LDX_FULL, CN_LDP_FULL, CN_ST_FULL)
+            CN_DX(j, VL, CN_LDX_FULL, CN_LDP_FULL, CN_LDA_FULL, CN_STA_FULL, CN_ST_FULL)
         }
-    if (j < n) CN_DX(j, n - j, CN_LDX_PART, CN_LDP_PART, CN_ST_PART)
+    if (j < n) CN_DX(j, n - j, CN_LDX_PART, CN_LDP_PART, CN_LDA_PART, CN_STA_PART, CN_ST_PART)
 #undef CN_DX
 #undef CN_LDX_FULL
 #undef CN_LDP_FULL
+#undef CN_LDA_FULL
+#undef CN_STA_FULL
 #undef CN_ST_FULL
 #undef CN_ST_STREAM
 #undef CN_LDX_PART
 #undef CN_LDP_PART
+#undef CN_LDA_PART
+#undef CN_STA_PART
 #undef CN_ST_PART
 }
 
+/* dx of row r, columns c0..c1; with dwp (team path) also the partials (acc 1: write, 2: add) */
 CN_INLINE void FN(bwd_dx_range)(const cn_bwd_args *a, int64_t r, int64_t c0, int64_t c1, double s1, double s2,
-                                int64_t pf_rows, int64_t npf)
+                                int64_t pf, int64_t npf, AT *dwp, AT *dbp, int acc)
 {
     const int64_t N = a->N, n = c1 - c0;
     const XT *dy = (const XT *)a->dy + r * N + c0, *x = (const XT *)a->x + r * N + c0;
@@ -615,16 +651,17 @@ CN_INLINE void FN(bwd_dx_range)(const cn_bwd_args *a, int64_t r, int64_t c0, int
     const PT *w = a->w ? (const PT *)a->w + c0 : NULL;
     AT mean = a->center ? ((const AT *)a->mean)[r] : (AT)0, rstd = ((const AT *)a->rstd)[r];
     AT k1 = (AT)(s1 / (double)N), k2 = (AT)(s2 / (double)N);
-    int64_t pf = pf_rows * N;
-#define CN_B(C, W) \
-    (a->stream ? FN(bwd_dx_impl)(dy, x, w, dx, n, mean, rstd, k1, k2, C, W, 1, pf, npf) \
-               : FN(bwd_dx_impl)(dy, x, w, dx, n, mean, rstd, k1, k2, C, W, 0, pf, npf))
-    if (a->center) {
-        if (w) CN_B(1, 1);
-        else CN_B(1, 0);
+    if (dwp) { dwp += c0; if (dbp) dbp += c0; }
+#define CN_B(C, W, ACC, DB) \
+    (a->stream ? FN(bwd_dx_impl)(dy, x, w, dx, n, mean, rstd, k1, k2, C, W, 1, pf, npf, dwp, dbp, ACC, DB) \
+               : FN(bwd_dx_impl)(dy, x, w, dx, n, mean, rstd, k1, k2, C, W, 0, pf, npf, dwp, dbp, ACC, DB))
+    if (!dwp || !w) {
+        if (a->center) { if (w) CN_B(1, 1, 0, 0); else CN_B(1, 0, 0, 0); }
+        else { if (w) CN_B(0, 1, 0, 0); else CN_B(0, 0, 0, 0); }
+    } else if (a->center) {
+        if (acc == 1) CN_B(1, 1, 1, 1); else CN_B(1, 1, 2, 1);
     } else {
-        if (w) CN_B(0, 1);
-        else CN_B(0, 0);
+        if (acc == 1) CN_B(0, 1, 1, 0); else CN_B(0, 1, 2, 0);
     }
 #undef CN_B
 }
@@ -634,19 +671,25 @@ static void FN(bwd_row_dx)(const cn_bwd_args *a, int64_t r, int64_t pf_rows, dou
 {
     const int64_t N = a->N;
     int64_t npf = r + pf_rows < a->M ? (N < CN_PREFETCH_MAX ? N : CN_PREFETCH_MAX) : 0;
-    FN(bwd_dx_range)(a, r, 0, N, s1, s2, pf_rows, npf);
+    FN(bwd_dx_range)(a, r, 0, N, s1, s2, pf_rows * N, npf, NULL, NULL, 0);
 }
 
-static void FN(bwd_apply)(const cn_bwd_args *a, int64_t r, int64_t c0, int64_t c1, double s1, double s2)
+/* Team path, phase C: rows r..r+nrows-1 (in order), columns c0..c1: dx, and
+ * each row added into the block partials (the block's first row, r == first,
+ * writes them). rowsums holds (s1, s2) per row. While one row is done, the
+ * next row's piece is prefetched (the walk jumps between rows, which the
+ * hardware prefetcher does not follow). */
+static void FN(bwd_apply)(const cn_bwd_args *a, int64_t r, int64_t nrows, int64_t c0, int64_t c1,
+                          const double *rowsums, void *dwp, void *dbp, int64_t first)
 {
-    FN(bwd_dx_range)(a, r, c0, c1, s1, s2, 0, 0);
-}
-
-/* team path: the per-thread call, fenced */
-static void FN(bwd_apply_tile)(const cn_bwd_args *a, int64_t r, int64_t c0, int64_t c1, double s1, double s2)
-{
-    FN(bwd_apply)(a, r, c0, c1, s1, s2);
-    if (a->stream) cn_stream_fence();
+    AT *dw = a->w ? (AT *)dwp : NULL, *db = (a->w && a->center) ? (AT *)dbp : NULL;
+    const int64_t N = a->N, n = c1 - c0;
+    for (int64_t i = 0; i < nrows; i++) {
+        /* next row, same columns; after the last row, the first row's next columns */
+        int64_t pf = i + 1 < nrows ? N : n - (nrows - 1) * N;
+        FN(bwd_dx_range)(a, r + i, c0, c1, rowsums[2 * i], rowsums[2 * i + 1], pf, n, dw, db,
+                         r + i == first ? 1 : 2);
+    }
 }
 
 /* ----------------------------------- backward: small rows in registers -- */
@@ -796,8 +839,8 @@ static void FN(acc_to_param)(void *out_, const void *src_, int64_t c0, int64_t c
 
 static const cn_ops FN(cn_ops) = {
     (int)sizeof(XT), (int)sizeof(PT), (int)sizeof(AT), SMALL_MAX,
-    FN(fwd_rows), FN(fwd_chunk), FN(fwd_finish), FN(fwd_apply_tile),
-    FN(bwd_rows), FN(bwd_chunk), FN(bwd_apply_tile),
+    FN(fwd_rows), FN(fwd_chunk), FN(fwd_finish), FN(fwd_apply),
+    FN(bwd_rows), FN(bwd_chunk), FN(bwd_apply),
     FN(acc_add), FN(acc_to_param),
 };
 

@@ -1,0 +1,548 @@
+#!/usr/bin/env python
+"""cynorm benchmarks, side by side with PyTorch (optional) and the memory floor.
+
+    python benchmarks/bench.py seed [--threads N] [--axes chw|last|both] [--quick] [--json F]
+    python benchmarks/bench.py roofline [--threads N] [--json F]
+    python benchmarks/bench.py scaling --threads 1,2,4,8 [--quick] --json F --plot P.png
+
+Each library runs in its own worker process (two OpenMP runtimes in one process
+disturb each other); the parent walks the cells and asks every worker in turn,
+so each cell's numbers are taken side by side. Times are medians after
+warm-up; progress goes to stderr, tables to stdout.
+
+Floors (NumPy, same run): forward = np.copy(x) into a fresh array; backward =
+an elementwise op of x and dy into a fresh array (16-bit data as uint16).
+Floor efficiency = floor time / cynorm time.
+
+torch is optional: without it the torch columns are empty. Install the CPU
+build with `pip install torch==2.13.0`; THP_MEM_ALLOC_ENABLE=1 (its fastest
+allocator) is set for the torch worker.
+"""
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# ------------------------------------------------------------------ cases --
+
+SEED_SHAPES = [(1, 8, 16), (8, 8, 16), (32, 8, 16), (64, 128, 56, 56), (64, 128, 256, 256)]
+TRANSFORMER_SHAPES = [(4096, 4096), (16384, 1024)]
+MODES = {  # name -> (x dtype, param dtype)
+    "fp32": ("float32", "float32"),
+    "bf16": ("bfloat16", "bfloat16"),
+    "mixed": ("bfloat16", "float32"),
+    "fp16": ("float16", "float16"),
+    "fp16mixed": ("float16", "float32"),
+}
+LARGE = 100_000  # cells with at least this many elements count as "large"
+
+
+def cells_for(args):
+    """The (shape, axis, mode) cells of a seed run."""
+    shapes = [tuple(s) for s in args.shapes] if args.shapes else [
+        s for s in SEED_SHAPES if not (args.quick and s == (64, 128, 256, 256))]
+    axes = ["chw", "last"] if args.axes == "both" else [args.axes]
+    cells = []
+    for ax in axes:
+        for shape in shapes:
+            axis = 1 if ax == "chw" else len(shape) - 1
+            for mode in args.modes:
+                cells.append((shape, axis, mode))
+        if ax == "last" and not args.shapes:
+            for shape in TRANSFORMER_SHAPES:
+                for mode in args.modes:
+                    cells.append((shape, len(shape) - 1, mode))
+    # the transformer rows are "last" cells; add them once for chw-only runs too
+    if args.axes == "chw" and not args.shapes and not args.no_transformer:
+        for shape in TRANSFORMER_SHAPES:
+            for mode in args.modes:
+                cells.append((shape, len(shape) - 1, mode))
+    return cells
+
+
+# ----------------------------------------------------------------- worker --
+
+def _worker_main(lib):
+    """Serve timing requests (JSON lines on stdin) for one library."""
+    import numpy as np
+
+    if lib == "torch":
+        try:
+            import torch
+        except ImportError:
+            print(json.dumps({"unavailable": "torch is not installed"}), flush=True)
+            return
+        print(json.dumps({"ready": True, "version": torch.__version__}), flush=True)
+    elif lib == "cynorm":
+        import cynorm
+        print(json.dumps({"ready": True, "version": cynorm.__version__,
+                          "config": {k: v for k, v in cynorm._config.config().items()
+                                     if k in ("isa", "isa_available", "openmp", "max_threads", "cpu_model")}}),
+              flush=True)
+    else:
+        print(json.dumps({"ready": True, "version": np.__version__}), flush=True)
+
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            res = _run_request(lib, req)
+        except MemoryError:
+            res = {"error": "out of memory"}
+        except Exception as exc:  # report, keep serving
+            res = {"error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps(res), flush=True)
+
+
+def _timeit(fn, budget, min_reps=3, max_reps=2000):
+    """Median seconds per call. Fast calls are timed in batches."""
+    fn()
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    one = max(time.perf_counter() - t0, 1e-7)
+    batch = max(1, int(2e-4 / one))            # each sample at least ~0.2 ms
+    reps = int(min(max_reps, max(min_reps, budget / (one * batch))))
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(batch):
+            fn()
+        samples.append((time.perf_counter() - t0) / batch)
+    samples.sort()
+    return samples[len(samples) // 2], reps * batch
+
+
+def _make_data(shape, axis, mode, seed=0):
+    import numpy as np
+    from ml_dtypes import bfloat16
+
+    dt = {"float32": np.float32, "float16": np.float16, "bfloat16": bfloat16, "float64": np.float64}
+    xd, pd = (dt[n] for n in MODES[mode])
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape, dtype=np.float32).astype(xd)
+    dy = rng.standard_normal(shape, dtype=np.float32).astype(xd)
+    ns = shape[axis:]
+    w = (1 + 0.1 * rng.standard_normal(ns, dtype=np.float32)).astype(pd)
+    b = (0.1 * rng.standard_normal(ns, dtype=np.float32)).astype(pd)
+    return x, dy, w, b
+
+
+def _run_request(lib, req):
+    import gc
+
+    import numpy as np
+
+    shape, axis, mode = tuple(req["shape"]), req["axis"], req["mode"]
+    threads, budget, norm = req["threads"], req["budget"], req.get("norm", "layer")
+    directions = req["directions"]
+    prealloc = req.get("prealloc", False)
+    x, dy, w, b = _make_data(shape, axis, mode)
+    out = {}
+    if lib == "numpy":
+        # the floors: same bytes, no math
+        xv = x.view(np.uint16) if x.itemsize == 2 else x
+        dyv = dy.view(np.uint16) if x.itemsize == 2 else dy
+        if prealloc:
+            dst = np.empty_like(xv)
+            out["copy_prealloc"], _ = _timeit(lambda: np.copyto(dst, xv), budget)
+        else:
+            out["fwd"], _ = _timeit(lambda: np.copy(xv), budget)
+            out["bwd"], _ = _timeit(lambda: np.add(xv, dyv), budget)
+    elif lib == "cynorm":
+        import cynorm
+
+        if norm == "layer":
+            y, mean, rstd = cynorm.layer_norm_forward(x, w, b, axis=axis, num_threads=threads)
+            yo = np.empty_like(x) if prealloc else None
+            dxo = np.empty_like(x) if prealloc else None
+            fwd = lambda: cynorm.layer_norm_forward(x, w, b, axis=axis, num_threads=threads, out=yo)
+            bwd = lambda: cynorm.layer_norm_backward(dy, x, mean, rstd, w, axis=axis, num_threads=threads, out=dxo)
+        else:
+            y, rstd = cynorm.rms_norm_forward(x, w, axis=axis, num_threads=threads)
+            yo = np.empty_like(x) if prealloc else None
+            dxo = np.empty_like(x) if prealloc else None
+            fwd = lambda: cynorm.rms_norm_forward(x, w, axis=axis, num_threads=threads, out=yo)
+            bwd = lambda: cynorm.rms_norm_backward(dy, x, rstd, w, axis=axis, num_threads=threads, out=dxo)
+        if "fwd" in directions:
+            out["fwd"], out["fwd_reps"] = _timeit(fwd, budget)
+        if "bwd" in directions:
+            out["bwd"], out["bwd_reps"] = _timeit(bwd, budget)
+    elif lib == "torch":
+        import torch
+
+        torch.set_num_threads(threads)
+        tx, tdy = torch.from_numpy(_torch_view(x)), torch.from_numpy(_torch_view(dy))
+        tw, tb = torch.from_numpy(_torch_view(w)), torch.from_numpy(_torch_view(b))
+        tx, tdy, tw, tb = (_torch_cast(t, a) for t, a in ((tx, x), (tdy, dy), (tw, w), (tb, b)))
+        ns = list(shape[axis:])
+        if norm == "layer":
+            eps = 1e-5
+            y, mean, rstd = torch.native_layer_norm(tx, ns, tw, tb, eps)
+            fwd = lambda: torch.native_layer_norm(tx, ns, tw, tb, eps)
+            bwd = lambda: torch.ops.aten.native_layer_norm_backward(tdy, tx, ns, mean, rstd, tw, tb,
+                                                                    [True, True, True])
+        else:
+            # torch 2.13 has no fused CPU RMSNorm: functional rms_norm runs as composite ops
+            eps = 1e-6
+            fwd = lambda: torch.nn.functional.rms_norm(tx, ns, tw, eps)
+            xg, wg = tx.detach().requires_grad_(True), tw.detach().requires_grad_(True)
+            yg = torch.nn.functional.rms_norm(xg, ns, wg, eps)
+            bwd = lambda: torch.autograd.grad(yg, (xg, wg), tdy, retain_graph=True)
+        with torch.no_grad() if norm == "layer" else _nullcontext():
+            if "fwd" in directions:
+                out["fwd"], out["fwd_reps"] = _timeit(fwd, budget)
+        if "bwd" in directions:
+            out["bwd"], out["bwd_reps"] = _timeit(bwd, budget)
+    del x, dy, w, b
+    gc.collect()
+    return out
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def _torch_view(a):
+    import numpy as np
+    return a.view(np.uint16) if a.dtype.name == "bfloat16" else a
+
+
+def _torch_cast(t, a):
+    import torch
+    return t.view(torch.bfloat16) if a.dtype.name == "bfloat16" else t
+
+
+# ------------------------------------------------------------------ parent --
+
+class Worker:
+    def __init__(self, lib):
+        env = dict(os.environ)
+        env.setdefault("OPENBLAS_NUM_THREADS", "1")  # idle BLAS pools must not steal cores
+        env.setdefault("MKL_NUM_THREADS", "1")
+        if lib == "torch":
+            env["THP_MEM_ALLOC_ENABLE"] = "1"
+        self.lib = lib
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "_worker", lib],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        hello = json.loads(self.proc.stdout.readline() or '{"unavailable": "worker died"}')
+        self.available = "ready" in hello
+        self.info = hello
+
+    def ask(self, req):
+        if not self.available:
+            return {}
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            self.available = False
+            return {"error": "worker died"}
+        return json.loads(line)
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+
+
+def _progress(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _machine():
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"cpu_model": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform()}
+
+
+def _fmt(v, digits=None):
+    if v is None:
+        return ""
+    if digits is None:
+        digits = 4 if v < 0.01 else 3 if v < 1 else 2 if v < 100 else 1
+    return f"{v:.{digits}f}"
+
+
+def _geomean(vals):
+    vals = [v for v in vals if v and v > 0]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
+
+
+def _median(vals):
+    vals = sorted(v for v in vals if v is not None)
+    if not vals:
+        return None
+    n = len(vals)
+    return vals[n // 2] if n % 2 else 0.5 * (vals[n // 2 - 1] + vals[n // 2])
+
+
+def _axes_name(shape, axis):
+    return "last" if axis == len(shape) - 1 else "chw" if axis == 1 else f"axis={axis}"
+
+
+def cmd_seed(args):
+    libs = ["cynorm", "numpy"] + ([] if args.no_torch else ["torch"])
+    workers = {lib: Worker(lib) for lib in libs}
+    if "torch" in workers and not workers["torch"].available:
+        _progress(f"torch not available ({workers['torch'].info.get('unavailable')}): torch columns left empty")
+    cells = cells_for(args)
+    budget = 0.15 if args.quick else 0.5
+    rows = []
+    try:
+        for i, (shape, axis, mode) in enumerate(cells, 1):
+            n = math.prod(shape)
+            big = n >= LARGE
+            cell_budget = budget * (3 if n >= 1e8 else 1)
+            req = {"shape": shape, "axis": axis, "mode": mode, "threads": args.threads, "norm": args.norm,
+                   "budget": cell_budget, "directions": ["fwd", "bwd"]}
+            _progress(f"[{i}/{len(cells)}] {shape} {_axes_name(shape, axis)} {mode} ...")
+            res = {lib: (w.ask(req) if (lib != "numpy" or big) else {}) for lib, w in workers.items()}
+            for lib, r in res.items():
+                if "error" in r:
+                    _progress(f"  {lib}: {r['error']}")
+            row = {"shape": list(shape), "axes": _axes_name(shape, axis), "mode": mode, "elements": n,
+                   "threads": args.threads, "norm": args.norm}
+            for d in ("fwd", "bwd"):
+                c = res["cynorm"].get(d)
+                t = res.get("torch", {}).get(d)
+                f = res["numpy"].get(d)
+                row[f"{d}_cynorm_ms"] = c * 1e3 if c else None
+                row[f"{d}_torch_ms"] = t * 1e3 if t else None
+                row[f"{d}_speedup"] = (t / c) if (c and t) else None
+                row[f"{d}_floor_ms"] = f * 1e3 if f else None
+                row[f"{d}_floor_eff"] = (f / c) if (c and f) else None
+            rows.append(row)
+    finally:
+        for w in workers.values():
+            w.close()
+    meta = {"command": "seed", "threads": args.threads, "norm": args.norm, "machine": _machine(),
+            "cynorm": workers["cynorm"].info, "torch": workers.get("torch").info if "torch" in workers else None}
+    _print_seed(rows, meta)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        _progress(f"wrote {args.json}")
+    return rows
+
+
+def _print_seed(rows, meta):
+    cfg = meta["cynorm"].get("config", {})
+    tv = (meta.get("torch") or {}).get("version")
+    print(f"\n### cynorm {meta['cynorm'].get('version')} ({cfg.get('isa')}) vs "
+          f"{'torch ' + tv if tv else 'no torch'} -- {meta['norm']} norm, {meta['threads']} thread(s), "
+          f"{meta['machine']['cpu_model']}\n")
+    print("Times in ms (median). speedup = torch / cynorm. floor = NumPy copy (fwd) or elementwise op (bwd) "
+          "into a fresh array; eff = floor / cynorm.\n")
+    print("| shape | axes | mode | fwd cynorm | fwd torch | fwd speedup | bwd cynorm | bwd torch | bwd speedup "
+          "| fwd floor | fwd eff | bwd floor | bwd eff |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {tuple(r['shape'])} | {r['axes']} | {r['mode']} | {_fmt(r['fwd_cynorm_ms'])} | "
+              f"{_fmt(r['fwd_torch_ms'])} | {_fmt(r['fwd_speedup'], 2)} | {_fmt(r['bwd_cynorm_ms'])} | "
+              f"{_fmt(r['bwd_torch_ms'])} | {_fmt(r['bwd_speedup'], 2)} | {_fmt(r['fwd_floor_ms'])} | "
+              f"{_fmt(r['fwd_floor_eff'], 2)} | {_fmt(r['bwd_floor_ms'])} | {_fmt(r['bwd_floor_eff'], 2)} |")
+    large = [r for r in rows if r["elements"] >= LARGE]
+    effs = [r[f"{d}_floor_eff"] for r in large for d in ("fwd", "bwd") if r[f"{d}_floor_eff"]]
+    sps = [r[f"{d}_speedup"] for r in large for d in ("fwd", "bwd") if r[f"{d}_speedup"]]
+    tiny = [r[f"{d}_speedup"] for r in rows if r["elements"] < LARGE for d in ("fwd", "bwd") if r[f"{d}_speedup"]]
+    print()
+    if effs:
+        print(f"Large cells (>= {LARGE:,} elements): floor efficiency median {_median(effs):.2f}, "
+              f"min {min(effs):.2f} over {len(effs)} fwd/bwd cells.")
+    if sps:
+        print(f"Large cells vs torch: geometric-mean speedup {_geomean(sps):.2f}x, min {min(sps):.2f}x.")
+    if tiny:
+        print(f"Tiny cells vs torch: min speedup {min(tiny):.2f}x, geometric mean {_geomean(tiny):.2f}x.")
+
+
+def cmd_roofline(args):
+    workers = {lib: Worker(lib) for lib in ("cynorm", "numpy")}
+    shapes = [tuple(s) for s in args.shapes] if args.shapes else [(64, 128, 56, 56), (4096, 4096)]
+    rows = []
+    try:
+        for shape in shapes:
+            axis = 1 if len(shape) == 4 else len(shape) - 1
+            for mode in args.modes:
+                _progress(f"roofline {shape} {mode} ...")
+                req = {"shape": shape, "axis": axis, "mode": mode, "threads": args.threads, "norm": args.norm,
+                       "budget": 0.5, "directions": ["fwd", "bwd"], "prealloc": True}
+                c = workers["cynorm"].ask(req)
+                f = workers["numpy"].ask(req)
+                itemsize = 2 if MODES[mode][0] in ("bfloat16", "float16") else 4
+                nbytes = math.prod(shape) * itemsize
+                copy_bw = 2 * nbytes / f["copy_prealloc"] / 1e9
+                fwd_bw = 2 * nbytes / c["fwd"] / 1e9
+                bwd_bw = 3 * nbytes / c["bwd"] / 1e9
+                rows.append({"shape": list(shape), "axes": _axes_name(shape, axis), "mode": mode,
+                             "threads": args.threads, "copy_GBps": copy_bw,
+                             "fwd_ms": c["fwd"] * 1e3, "fwd_GBps": fwd_bw, "fwd_frac": fwd_bw / copy_bw,
+                             "bwd_ms": c["bwd"] * 1e3, "bwd_GBps": bwd_bw, "bwd_frac": bwd_bw / copy_bw})
+    finally:
+        for w in workers.values():
+            w.close()
+    print(f"\n### Roofline, out= preallocated, {args.threads} thread(s), {_machine()['cpu_model']}\n")
+    print("Bandwidth = bytes moved / median time: forward reads x and writes y; backward reads x and dy and "
+          "writes dx. frac = fraction of a NumPy copy into an existing array (np.copyto), measured in the "
+          "same run.\n")
+    print("| shape | axes | mode | numpy copy GB/s | fwd ms | fwd GB/s | fwd frac | bwd ms | bwd GB/s | bwd frac |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {tuple(r['shape'])} | {r['axes']} | {r['mode']} | {r['copy_GBps']:.1f} | {r['fwd_ms']:.2f} | "
+              f"{r['fwd_GBps']:.1f} | {r['fwd_frac']:.2f} | {r['bwd_ms']:.2f} | {r['bwd_GBps']:.1f} | "
+              f"{r['bwd_frac']:.2f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": {"command": "roofline", "machine": _machine()}, "rows": rows}, f, indent=1)
+    return rows
+
+
+def cmd_scaling(args):
+    threads = [int(t) for t in args.threads.split(",")]
+    cores = os.cpu_count() or 1
+    if args.shapes:
+        cases = [(tuple(s), (1 if len(s) == 4 else len(s) - 1)) for s in args.shapes]
+    elif args.quick:
+        cases = [((64, 128, 56, 56), 1), ((4096, 1024), 1)]
+    else:
+        cases = [((64, 128, 56, 56), 1), ((64, 128, 56, 56), 3), ((4096, 4096), 1), ((16384, 1024), 1)]
+    modes = args.modes if args.modes else ["fp32", "bf16"]
+    budget = 0.08 if args.quick else 0.4
+    w = Worker("cynorm")
+    isa = w.info.get("config", {}).get("isa")
+    cpu = _machine()["cpu_model"]
+    results = []
+    try:
+        for shape, axis in cases:
+            for mode in modes:
+                per_t = {}
+                for t in threads:
+                    _progress(f"scaling {shape} {_axes_name(shape, axis)} {mode} threads={t}"
+                              + (" (oversubscribed)" if t > cores else ""))
+                    r = w.ask({"shape": shape, "axis": axis, "mode": mode, "threads": t, "norm": args.norm,
+                               "budget": budget, "directions": ["fwd", "bwd"]})
+                    per_t[t] = r
+                itemsize = 2 if MODES[mode][0] in ("bfloat16", "float16") else 4
+                nbytes = math.prod(shape) * itemsize
+                for d, moved in (("fwd", 2), ("bwd", 3)):
+                    base = per_t[threads[0]].get(d)
+                    for t in threads:
+                        tm = per_t[t].get(d)
+                        if not tm:
+                            continue
+                        sp = base / tm * threads[0]
+                        results.append({"case": f"{tuple(shape)} {_axes_name(shape, axis)} {mode} {d}",
+                                        "shape": list(shape), "axes": _axes_name(shape, axis), "mode": mode,
+                                        "direction": d, "threads": t, "median_ms": tm * 1e3,
+                                        "speedup": sp, "efficiency": sp / t,
+                                        "GBps": moved * nbytes / tm / 1e9, "oversubscribed": t > cores,
+                                        "isa": isa, "cpu_model": cpu, "cores": cores})
+    finally:
+        w.close()
+    print(f"\n### Thread scaling: cynorm ({isa}) on {cpu}, {cores} cores\n")
+    print("speedup = time(1 thread) / time(n); efficiency = speedup / n; GB/s counts x (+dy) read and y/dx "
+          "written. Rows marked * use more threads than cores.\n")
+    print("| case | threads | median ms | speedup | efficiency | GB/s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in results:
+        star = "*" if r["oversubscribed"] else ""
+        print(f"| {r['case']} | {r['threads']}{star} | {r['median_ms']:.3f} | {r['speedup']:.2f} | "
+              f"{r['efficiency']:.2f} | {r['GBps']:.1f} |")
+    meta = {"command": "scaling", "threads": threads, "isa": isa, "cpu_model": cpu, "cores": cores,
+            "machine": _machine()}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": results}, f, indent=1)
+        _progress(f"wrote {args.json}")
+    if args.plot:
+        _plot_scaling(results, threads, cores, cpu, isa, args.plot)
+        _progress(f"wrote {args.plot}")
+    return results
+
+
+def _plot_scaling(results, threads, cores, cpu, isa, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    cases = sorted({r["case"] for r in results})
+    for case in cases:
+        pts = sorted((r["threads"], r["speedup"]) for r in results if r["case"] == case)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=case)
+    ax.plot(threads, threads, "k--", label="ideal (speedup = threads)")
+    if max(threads) > cores:
+        ax.axvline(cores, color="grey", linestyle=":", label=f"{cores} cores (beyond: oversubscribed)")
+    ax.set_xlabel("threads")
+    ax.set_ylabel("speedup over 1 thread")
+    ax.set_title(f"cynorm thread scaling ({isa}) - {cpu}", fontsize=10)
+    ax.set_xticks(threads)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "_worker":
+        _worker_main(argv[1])
+        return
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp, threads_default="1"):
+        sp.add_argument("--modes", type=lambda s: s.split(","), default=["fp32", "bf16", "mixed"],
+                        help="comma list of " + ",".join(MODES))
+        sp.add_argument("--norm", choices=["layer", "rms"], default="layer")
+        sp.add_argument("--shapes", type=lambda s: [tuple(int(v) for v in part.split("x")) for part in s.split(",")],
+                        help="comma list like 64x128x56x56,4096x4096 (overrides the defaults)")
+        sp.add_argument("--json", help="also write the results here")
+        sp.add_argument("--quick", action="store_true", help="fewer repetitions, no 2-GB shape")
+
+    s = sub.add_parser("seed", help="the seed table, side by side with torch and the floors")
+    common(s)
+    s.add_argument("--threads", type=int, default=1)
+    s.add_argument("--axes", choices=["chw", "last", "both"], default="chw")
+    s.add_argument("--no-torch", action="store_true", help="skip torch even if it is installed")
+    s.add_argument("--no-transformer", action="store_true", help="chw runs: skip the (4096,4096)/(16384,1024) rows")
+
+    r = sub.add_parser("roofline", help="GB/s with out= preallocated, against a NumPy copy")
+    common(r)
+    r.add_argument("--threads", type=int, default=1)
+
+    c = sub.add_parser("scaling", help="thread-scaling experiment")
+    common(c)
+    c.set_defaults(modes=None)
+    c.add_argument("--threads", default="1,2,4,8", help="comma list of thread counts")
+    c.add_argument("--plot", help="write a speedup plot (PNG) here")
+
+    args = p.parse_args(argv)
+    if getattr(args, "modes", None):
+        bad = [m for m in args.modes if m not in MODES]
+        if bad:
+            p.error(f"unknown mode(s) {bad}; choose from {list(MODES)}")
+    {"seed": cmd_seed, "roofline": cmd_roofline, "scaling": cmd_scaling}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
