@@ -8,6 +8,17 @@ upcast from their stored dtype, never re-rounded).
 import numpy as np
 
 
+def _quiet(fn):
+    """Evaluate like the kernels: NaN/inf propagate without warnings."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            return fn(*args, **kwargs)
+    return wrapper
+
+
 def _f64(a):
     return None if a is None else np.asarray(a).astype(np.float64)
 
@@ -17,6 +28,7 @@ def _axes(x, axis):
     return tuple(range(axis, x.ndim))
 
 
+@_quiet
 def layer_norm(x, weight=None, bias=None, axis=-1, eps=1e-5):
     """(y, mean, rstd) in float64; mean/rstd keep dims."""
     x = _f64(x)
@@ -32,6 +44,7 @@ def layer_norm(x, weight=None, bias=None, axis=-1, eps=1e-5):
     return y, mean, rstd
 
 
+@_quiet
 def layer_norm_backward(dy, x, mean, rstd, weight=None, axis=-1):
     """(dx, dweight, dbias) in float64 from the given mean/rstd."""
     dy, x, mean, rstd = _f64(dy), _f64(x), _f64(mean), _f64(rstd)
@@ -49,6 +62,7 @@ def layer_norm_backward(dy, x, mean, rstd, weight=None, axis=-1):
     return dx, (dy * xhat).sum(axis=lead), dy.sum(axis=lead)
 
 
+@_quiet
 def rms_norm(x, weight=None, axis=-1, eps=1e-6):
     """(y, rstd) in float64; rstd keeps dims."""
     x = _f64(x)
@@ -60,6 +74,7 @@ def rms_norm(x, weight=None, axis=-1, eps=1e-6):
     return y, rstd
 
 
+@_quiet
 def rms_norm_backward(dy, x, rstd, weight=None, axis=-1):
     """(dx, dweight) in float64 from the given rstd."""
     dy, x, rstd = _f64(dy), _f64(x), _f64(rstd)
@@ -72,3 +87,30 @@ def rms_norm_backward(dy, x, rstd, weight=None, axis=-1):
     if weight is None:
         return dx, None
     return dx, (dy * xhat).sum(axis=lead)
+
+
+# ----------------------------------------------------------- rounding oracle --
+
+#: (explicit significand bits, min normal exponent) of the narrow formats
+FORMATS = {"bfloat16": (7, -126), "float16": (10, -14), "float32": (23, -126)}
+
+
+def ulp(v, fmt):
+    """Spacing of `fmt` numbers at |v| (float64 array)."""
+    mant, emin = FORMATS[fmt]
+    a = np.abs(np.asarray(v, dtype=np.float64))
+    with np.errstate(divide="ignore"):
+        e = np.floor(np.log2(np.where(a > 0, a, 1.0)))
+    e = np.maximum(e, emin)
+    return np.ldexp(1.0, (e - mant).astype(int))
+
+
+def round_to(v, fmt):
+    """float64 -> nearest `fmt` value (round half to even), kept as float64.
+
+    Computed directly from float64 (no double rounding through float32)."""
+    v = np.asarray(v, dtype=np.float64)
+    u = ulp(v, fmt)
+    with np.errstate(invalid="ignore"):
+        r = np.rint(v / u) * u        # exact scaling by a power of two; rint is half-to-even
+    return np.where(np.isfinite(v), r, v)

@@ -139,7 +139,8 @@ CN_INLINE void FN(chunk_moments)(const XT *x, int64_t n, AT pivot, const int cen
         }
         double qs = (double)VOP(hsum)(VOP(add)(VOP(add)(q0, q1), VOP(add)(q2, q3)));
         double cs = (double)VOP(hsum)(VOP(add)(VOP(add)(c0, c1), VOP(add)(c2, c3)));
-        m->delta = (double)d + cs / (double)n;
+        /* the correction is NaN when the row holds an inf: keep mean = +-inf then */
+        m->delta = isfinite(d) ? (double)d + cs / (double)n : (double)d;
         m->m2 = qs - cs * cs / (double)n;
     }
 }
@@ -213,26 +214,41 @@ static void FN(apply)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, A
 #undef CN_A
 }
 
-/* ------------------------------------- forward: rows that overflow fp32 -- */
+/* ------------------------- forward: rows beyond the accumulator's range -- */
 
-/* Row whose fp32 moments overflowed although every input is finite (values
- * near the dtype's max): recompute it in double, scaled by a power of two so
- * that even float64 rows cannot overflow. Rare, so plain scalar code. */
+/* Variances below this are not reliable in the accumulator type (squares of
+ * the deviations underflow); they matter only when eps does not dominate. */
+#define TINY_VAR (sizeof(AT) == 4 ? 0x1p-100 : 0x1p-900)
+
+/* Is the row's fp32 (fp64) result untrustworthy although every input is
+ * finite? Moments that overflowed (values near the dtype's max), or a variance
+ * too small for the accumulator with an eps smaller still. */
+CN_INLINE int FN(needs_rescue)(double delta, double m2, double inv_n, double eps)
+{
+    if (CN_UNLIKELY(!(isfinite(delta) && isfinite(m2)))) return 1;
+    return CN_UNLIKELY(m2 * inv_n < TINY_VAR) && eps < TINY_VAR;
+}
+
+/* Such a row, recomputed in double and scaled by a power of two (exact) so
+ * that neither huge nor subnormal values lose range -- also for float64 rows.
+ * Rare, so plain scalar code. The mean is pivoted on the first element, so a
+ * constant row still gives exactly the bias. */
 static void FN(fwd_rescue)(const cn_fwd_args *a, int64_t r)
 {
     const int64_t N = a->N;
     const XT *x = (const XT *)a->x + r * N;
     XT *y = (XT *)a->y + r * N;
     const PT *w = (const PT *)a->w, *b = (const PT *)a->b;
-    double amax = 0.0, s, mean = 0.0, m2 = 0.0, rstd_s;
+    double amax = 0.0, s, p, mean = 0.0, m2 = 0.0, rstd_s;
     int64_t j;
     int e;
     for (j = 0; j < N; j++) { double v = fabs((double)X2A(x[j])); if (v > amax) amax = v; }
     frexp(amax, &e);
     s = ldexp(1.0, -e);                     /* x * s lies in (-1, 1), exactly */
+    p = a->center ? (double)X2A(x[0]) * s : 0.0;
     if (a->center) {
-        for (j = 0; j < N; j++) mean += (double)X2A(x[j]) * s;
-        mean /= (double)N;
+        for (j = 0; j < N; j++) mean += (double)X2A(x[j]) * s - p;
+        mean = p + mean / (double)N;
     }
     for (j = 0; j < N; j++) { double d = (double)X2A(x[j]) * s - mean; m2 += d * d; }
     rstd_s = 1.0 / sqrt(m2 / (double)N + a->eps * s * s);   /* rstd of the scaled row */
@@ -269,7 +285,7 @@ static void FN(fwd_finish)(const cn_fwd_args *a, int64_t r, const cn_moments *to
     const XT *row = (const XT *)a->x + r * a->N;
     AT pivot = a->center ? (AT)X2A(row[0]) : (AT)0;
     double rstd = cn_rstd(tot->m2, (double)a->N, a->eps);
-    if (!(isfinite(tot->delta) && isfinite(tot->m2)) && FN(row_is_finite)(row, a->N)) {
+    if (FN(needs_rescue)(tot->delta, tot->m2, 1.0 / (double)a->N, a->eps) && FN(row_is_finite)(row, a->N)) {
         FN(fwd_rescue)(a, r);
         st->ok = 0;
         return;
@@ -341,7 +357,7 @@ CN_INLINE void FN(fwd_small_block)(const cn_fwd_args *a, int64_t r0, const int64
             }
             double cs = (double)VOP(hsum)(c);
             pv[i] = p;
-            dd[i] = (double)d + cs * inv_n;                 /* corrected two-pass mean - P */
+            dd[i] = isfinite(d) ? (double)d + cs * inv_n : (double)d;  /* corrected mean - P */
             m2[i] = (double)VOP(hsum)(q) - cs * cs * inv_n;
         } else {
             V q = VOP(zero)();
@@ -360,7 +376,7 @@ CN_INLINE void FN(fwd_small_block)(const cn_fwd_args *a, int64_t r0, const int64
     for (i = 0; i < nrows; i++) {
         const XT *x = X + i * N;
         XT *y = Y + i * N;
-        if (CN_UNLIKELY(!(isfinite(dd[i]) && isfinite(m2[i]))) && FN(row_is_finite)(x, N)) {
+        if (FN(needs_rescue)(dd[i], m2[i], inv_n, a->eps) && FN(row_is_finite)(x, N)) {
             FN(fwd_rescue)(a, r0 + i);
             continue;
         }
@@ -870,6 +886,7 @@ static const cn_ops FN(cn_ops) = {
 #undef SMALL_MAX
 #undef SMALL_BLOCK
 #undef STREAM_ALIGN
+#undef TINY_VAR
 #undef XT
 #undef PT
 #undef AT

@@ -1,0 +1,43 @@
+"""Every output is bit-identical for any num_threads, and from one call to the next."""
+
+import numpy as np
+import pytest
+
+import cynorm
+from conftest import PAIRS, make_inputs
+
+# in-register rows, short rows, chunked rows, row blocks, few huge rows (team path)
+SHAPES = [(37, 16), (33, 56), (70, 300), (130, 2100), (5, 4100), (3, 9000), (2, 20000), (600, 24)]
+THREADS = [1, 2, 3, 8]
+
+
+def _bits(arrays):
+    return [None if a is None else a.view(np.uint8).copy() for a in arrays]
+
+
+def _run(norm, x, dy, w, b, T):
+    if norm == "layer":
+        y, mean, rstd = cynorm.layer_norm_forward(x, w, b, num_threads=T)
+        return _bits((y, mean, rstd) + cynorm.layer_norm_backward(dy, x, mean, rstd, w, num_threads=T))
+    y, rstd = cynorm.rms_norm_forward(x, w, num_threads=T)
+    return _bits((y, rstd) + cynorm.rms_norm_backward(dy, x, rstd, w, num_threads=T))
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("pair", PAIRS)
+def test_bit_identical_across_thread_counts(isa_level, pair, norm, rng, force_parallel):
+    for shape in SHAPES:
+        x, dy, w, b = make_inputs(rng, shape, 1, pair)
+        want = _run(norm, x, dy, w, b, 1)
+        for T in THREADS[1:]:
+            got = _run(norm, x, dy, w, b, T)
+            for i, (g, e) in enumerate(zip(got, want)):
+                assert np.array_equal(g, e), f"{shape} output {i} differs between 1 and {T} threads"
+        assert all(np.array_equal(g, e) for g, e in zip(_run(norm, x, dy, w, b, 3), want))
+
+
+def test_default_thread_count_is_deterministic_too(rng):
+    """The default (threshold-governed) thread count gives the same bits as 1 thread."""
+    x, dy, w, b = make_inputs(rng, (256, 4096), 1, PAIRS[3].values[0])
+    for g, e in zip(_run("layer", x, dy, w, b, None), _run("layer", x, dy, w, b, 1)):
+        assert np.array_equal(g, e)
