@@ -30,11 +30,15 @@ REQUIRED_FEATURES = {
 }
 
 ENV_VAR = "CYNORM_ISA"
+#: comma list of features to pretend this CPU lacks (for testing fallbacks)
+MASK_VAR = "CYNORM_CPU_MASK"
 
 
 def cpu_features():
-    """SIMD features that this CPU and OS support (a frozenset of names)."""
-    return _cpuinfo.features()
+    """SIMD features that this CPU and OS support (a frozenset of names), minus
+    any listed in CYNORM_CPU_MASK."""
+    masked = {f.strip() for f in os.environ.get(MASK_VAR, "").split(",") if f.strip()}
+    return _cpuinfo.features() - masked
 
 
 def compiled_levels():

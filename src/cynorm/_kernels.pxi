@@ -15,9 +15,28 @@ from libc.stdint cimport int64_t, uint16_t
 from libc.stdlib cimport malloc, free
 cimport numpy as cnp
 from cython.parallel cimport prange, parallel
-from cynorm._openmp_helpers cimport CN_OPENMP, omp_get_max_threads, omp_get_num_threads
+from cynorm._openmp_helpers cimport (CN_OPENMP, omp_get_max_threads, omp_get_num_threads, omp_get_num_procs,
+                                     omp_in_parallel)
 
 cnp.import_array()
+
+# Calls in flight in this process (all Python threads). Several concurrent
+# callers share the cores instead of each starting its own full team.
+cdef extern from *:
+    """
+    #if defined(_MSC_VER) && !defined(__clang__)
+    #include <intrin.h>
+    static volatile long cn_in_flight = 0;
+    static int cn_enter_call(void) { return (int)_InterlockedIncrement(&cn_in_flight); }
+    static void cn_leave_call(void) { _InterlockedDecrement(&cn_in_flight); }
+    #else
+    static int cn_in_flight = 0;
+    static int cn_enter_call(void) { return __atomic_add_fetch(&cn_in_flight, 1, __ATOMIC_RELAXED); }
+    static void cn_leave_call(void) { __atomic_sub_fetch(&cn_in_flight, 1, __ATOMIC_RELAXED); }
+    #endif
+    """
+    int cn_enter_call() noexcept nogil
+    void cn_leave_call() noexcept nogil
 
 cdef extern from "cn_kernels.h" nogil:
     const char *CN_ISA_NAME
@@ -111,13 +130,23 @@ cdef inline int64_t _min(int64_t a, int64_t b) noexcept nogil:
     return a if a < b else b
 
 
-cdef inline int _threads_for(int64_t elems, int requested) noexcept nogil:
-    """Threads worth using for `elems` elements of work (at most `requested`)."""
+cdef inline int _threads_for(int64_t elems, int requested, int in_flight) noexcept nogil:
+    """Threads worth using for `elems` elements of work (at most `requested`).
+
+    - small work stays on the calling thread (no parallel region at all);
+    - inside someone else's OpenMP region we do not nest a second team;
+    - with several calls in flight, each gets a share of the cores, so that
+      8 Python threads x num_threads=2 on 2 cores make ~2 busy threads, not 16.
+    Results do not depend on the thread count, so none of this changes a bit."""
     if not CN_OPENMP or requested <= 1:
         return 1
     cdef int64_t cap = elems // MIN_ELEMS_PER_THREAD
-    if cap <= 1:
+    if cap <= 1 or omp_in_parallel():
         return 1
+    cdef int share
+    if in_flight > 1:
+        share = omp_get_num_procs() // in_flight
+        requested = requested if requested < share else (share if share > 1 else 1)
     return <int>_min(requested, cap)
 
 
@@ -378,9 +407,10 @@ def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, 
     a.eps = eps
     a.center = center
     a.stream = M * N * ops.x_size >= STREAM_MIN_BYTES
-    cdef int T = _threads_for(M * N, num_threads)
     cdef int rc = 0
+    cdef int T
     with nogil:
+        T = _threads_for(M * N, num_threads, cn_enter_call())
         if half and (a.w != NULL or a.b != NULL):
             wide = <float *>malloc(2 * N * sizeof(float))
             if wide == NULL:
@@ -395,6 +425,7 @@ def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, 
         if rc == 0:
             rc = _forward(ops, &a, T)
         free(wide)
+        cn_leave_call()
     if rc != 0:
         raise MemoryError("cynorm: could not allocate scratch memory")
 
@@ -423,10 +454,11 @@ def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, 
         k = 2 if dbias is not None else 1
     cdef char *out_dw = <char *>_data(dweight)
     cdef char *out_db = <char *>_data(dbias)
-    cdef int T = _threads_for(M * N, num_threads)
     cdef int rc = 0
+    cdef int T
     cdef float *wide = NULL
     with nogil:
+        T = _threads_for(M * N, num_threads, cn_enter_call())
         if half and a.w != NULL:
             # float32 copy of the weight, and float32 sums for dweight/dbias
             wide = <float *>malloc((1 + k) * N * sizeof(float))
@@ -445,6 +477,7 @@ def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, 
             else:
                 rc = _backward(ops, &a, T, k, out_dw, out_db)
         free(wide)
+        cn_leave_call()
     if rc != 0:
         raise MemoryError("cynorm: could not allocate scratch memory")
 
@@ -488,6 +521,11 @@ def openmp():
 def max_threads():
     """omp_get_max_threads() for the calling thread (1 without OpenMP)."""
     return omp_get_max_threads()
+
+
+def threads_for(int64_t elems, int requested, int in_flight=1):
+    """The thread count a call with this much work would use (introspection, tests)."""
+    return _threads_for(elems, requested, in_flight)
 
 
 def small_row_limit(int pair):

@@ -10,9 +10,13 @@ cdef extern from *:
     static int omp_get_max_threads(void) { return 1; }
     static int omp_get_thread_num(void) { return 0; }
     static int omp_get_num_threads(void) { return 1; }
+    static int omp_get_num_procs(void) { return 1; }
+    static int omp_in_parallel(void) { return 0; }
     #endif
     """
     bint CN_OPENMP
     int omp_get_max_threads() noexcept nogil
     int omp_get_thread_num() noexcept nogil
     int omp_get_num_threads() noexcept nogil
+    int omp_get_num_procs() noexcept nogil
+    bint omp_in_parallel() noexcept nogil
