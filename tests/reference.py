@@ -19,8 +19,20 @@ def _quiet(fn):
     return wrapper
 
 
+#: float64 inputs are checked against long double (x86: 64-bit significand) so the
+#: oracle is more precise than what it judges; everything else in float64.
+_WIDE = np.longdouble if np.finfo(np.longdouble).nmant > 52 else np.float64
+
+
 def _f64(a):
-    return None if a is None else np.asarray(a).astype(np.float64)
+    if a is None:
+        return None
+    a = np.asarray(a)
+    return a.astype(_WIDE if a.dtype == np.float64 else np.float64)
+
+
+def _out(*arrays):
+    return tuple(None if a is None else np.asarray(a, dtype=np.float64) for a in arrays)
 
 
 def _axes(x, axis):
@@ -41,7 +53,7 @@ def layer_norm(x, weight=None, bias=None, axis=-1, eps=1e-5):
         y = y * _f64(weight)
     if bias is not None:
         y = y + _f64(bias)
-    return y, mean, rstd
+    return _out(y, mean, rstd)
 
 
 @_quiet
@@ -58,8 +70,8 @@ def layer_norm_backward(dy, x, mean, rstd, weight=None, axis=-1):
     c2 = (g * xhat).mean(axis=axes, keepdims=True)
     dx = rstd * (g - c1 - xhat * c2)
     if weight is None:
-        return dx, None, None
-    return dx, (dy * xhat).sum(axis=lead), dy.sum(axis=lead)
+        return _out(dx, None, None)
+    return _out(dx, (dy * xhat).sum(axis=lead), dy.sum(axis=lead))
 
 
 @_quiet
@@ -71,7 +83,7 @@ def rms_norm(x, weight=None, axis=-1, eps=1e-6):
     y = x * rstd
     if weight is not None:
         y = y * _f64(weight)
-    return y, rstd
+    return _out(y, rstd)
 
 
 @_quiet
@@ -85,14 +97,15 @@ def rms_norm_backward(dy, x, rstd, weight=None, axis=-1):
     g = dy * _f64(weight) if weight is not None else dy
     dx = rstd * (g - xhat * (g * xhat).mean(axis=axes, keepdims=True))
     if weight is None:
-        return dx, None
-    return dx, (dy * xhat).sum(axis=lead)
+        return _out(dx, None)
+    return _out(dx, (dy * xhat).sum(axis=lead))
 
 
 # ----------------------------------------------------------- rounding oracle --
 
 #: (explicit significand bits, min normal exponent) of the narrow formats
 FORMATS = {"bfloat16": (7, -126), "float16": (10, -14), "float32": (23, -126)}
+MAX = {"bfloat16": 3.3895313892515355e38, "float16": 65504.0, "float32": 3.4028234663852886e38}
 
 
 def ulp(v, fmt):
@@ -113,4 +126,5 @@ def round_to(v, fmt):
     u = ulp(v, fmt)
     with np.errstate(invalid="ignore"):
         r = np.rint(v / u) * u        # exact scaling by a power of two; rint is half-to-even
+    r = np.where(np.abs(r) > MAX[fmt], np.copysign(np.inf, v), r)   # past the largest finite: inf
     return np.where(np.isfinite(v), r, v)

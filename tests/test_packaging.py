@@ -45,7 +45,7 @@ def _recipe():
 
 
 def _norm(req):
-    name, _, spec = re.match(r"([A-Za-z0-9_.\-]+)\s*(.*)", req).groups()
+    name, spec = re.match(r"([A-Za-z0-9_.\-]+)\s*(.*)", req).groups()
     return name.lower().replace("_", "-"), spec.replace(" ", "")
 
 
