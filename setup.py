@@ -118,7 +118,7 @@ class BuildExt(build_ext):
         san_compile, san_link = [], []
         sanitize = os.environ.get("CYNORM_SANITIZE", "").strip()
         if sanitize and not msvc:
-            san_compile = [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer", "-g"]
+            san_compile = [f"-fsanitize={sanitize}", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"]
             san_link = [f"-fsanitize={sanitize}"]
 
         omp = self._openmp_flags()

@@ -43,6 +43,8 @@ def _native(a):
 
 
 def _input(a, name):
+    if type(a) is _ndarray and a.dtype in _dtypes.DEFAULT_PARAM:   # fast path
+        return a
     a = _as_array(a, name)
     if not a.dtype.isnative:
         a = _native(a)
@@ -72,7 +74,16 @@ def _eps(eps):
 
 
 def _params(x_dtype, norm_shape, weight, bias):
-    """Check weight/bias; returns (pair, weight, bias) with C-contiguous arrays or None."""
+    """Check weight/bias; returns (pair, weight, bias) as ndarrays or None (the kernel
+    entry makes them C-contiguous)."""
+    # fast path: ndarrays (or None) of the right shape and a supported dtype pair;
+    # the kernel entry copies non-contiguous ones
+    if (weight is None or type(weight) is _ndarray) and (bias is None or type(bias) is _ndarray):
+        pdt = weight.dtype if weight is not None else bias.dtype if bias is not None else None
+        pair = _PAIR_CACHE.get((x_dtype, pdt))
+        if (pair is not None and (weight is None or weight.shape == norm_shape)
+                and (bias is None or (bias.shape == norm_shape and bias.dtype == pdt))):
+            return pair, weight, bias
     default = _dtypes.DEFAULT_PARAM[x_dtype]
     arrays = []
     for name, p in (("weight", weight), ("bias", bias)):
@@ -91,18 +102,18 @@ def _params(x_dtype, norm_shape, weight, bias):
                         f"{_dtypes.dtype_name(weight.dtype)} and {_dtypes.dtype_name(bias.dtype)}; "
                         f"supported (x, weight/bias) pairs: {_dtypes.supported_pairs_text()}")
     given = weight if weight is not None else bias
-    pair = _dtypes.resolve(x_dtype, None if given is None else given.dtype)
-    if weight is not None and not weight.flags.c_contiguous:
-        weight = np.ascontiguousarray(weight)
-    if bias is not None and not bias.flags.c_contiguous:
-        bias = np.ascontiguousarray(bias)
-    return pair, weight, bias
+    return _dtypes.resolve(x_dtype, None if given is None else given.dtype), weight, bias
+
+
+#: (x dtype, param dtype or None) -> Pair, for the fast path
+_PAIR_CACHE = {**{k: v for k, v in _dtypes.PAIRS.items()},
+               **{(x, None): _dtypes.PAIRS[(x, p)] for x, p in _dtypes.DEFAULT_PARAM.items()}}
 
 
 def _split(shape, axis):
     """(M rows, N elements per row) for normalizing over shape[axis:]."""
     norm_shape = shape[axis:]
-    n = math.prod(norm_shape)
+    n = norm_shape[0] if len(norm_shape) == 1 else math.prod(norm_shape)
     if n == 0:
         raise ValueError(f"cynorm: the normalized dimensions x.shape[axis:] = {norm_shape} have zero size")
     return math.prod(shape[:axis]), n, norm_shape
@@ -143,7 +154,7 @@ def _stats(stat, name, shape, stat_shape, axis, dtype):
     if stat.dtype != dtype:
         raise TypeError(f"cynorm: {name} must have dtype {_dtypes.dtype_name(dtype)} for this input "
                         f"(what the forward returns), got {_dtypes.dtype_name(stat.dtype)}")
-    return stat if stat.flags.c_contiguous else np.ascontiguousarray(stat)
+    return stat  # (the kernel entry makes it C-contiguous)
 
 
 # ----------------------------------------------------------------- shared --

@@ -369,6 +369,13 @@ cdef inline void *_data(object arr):
     return NULL if arr is None else cnp.PyArray_DATA(<cnp.ndarray>arr)
 
 
+cdef inline object _contig(object arr):
+    """C-contiguous version of a parameter array (a copy only when needed)."""
+    if arr is None or cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>arr):
+        return arr
+    return cnp.PyArray_GETCONTIGUOUS(<cnp.ndarray>arr)
+
+
 cdef void _widen(int half, const void *src, float *dst, int64_t n) noexcept nogil:
     """16-bit params -> float32 (exact), so one kernel serves bf16/bf16 and bf16/f32."""
     if half == 1:
@@ -396,6 +403,8 @@ def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, 
     cdef int half = cn_half_params[pair]
     cdef cn_fwd_args a
     cdef float *wide = NULL
+    weight = _contig(weight)
+    bias = _contig(bias)
     a.x = cnp.PyArray_DATA(x)
     a.y = cnp.PyArray_DATA(y)
     a.w = _data(weight)
@@ -430,7 +439,7 @@ def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, 
         raise MemoryError("cynorm: could not allocate scratch memory")
 
 
-def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, cnp.ndarray rstd,
+def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, object rstd,
              object weight, cnp.ndarray dx, object dweight, object dbias,
              int64_t M, int64_t N, int num_threads):
     """dx for M rows of N elements; dweight/dbias (param dtype) when given."""
@@ -439,10 +448,13 @@ def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, 
         raise ValueError(f"unknown kernel pair {pair}")
     cdef int half = cn_half_params[pair]
     cdef cn_bwd_args a
+    weight = _contig(weight)
+    mean = _contig(mean)
+    rstd = _contig(rstd)
     a.dy = cnp.PyArray_DATA(dy)
     a.x = cnp.PyArray_DATA(x)
     a.mean = _data(mean)
-    a.rstd = cnp.PyArray_DATA(rstd)
+    a.rstd = _data(rstd)
     a.w = _data(weight)
     a.dx = cnp.PyArray_DATA(dx)
     a.M = M

@@ -332,48 +332,73 @@ CN_INLINE void FN(fwd_small_block)(const cn_fwd_args *a, int64_t r0, const int64
     const int64_t N = a->N, tail = N - (int64_t)(NV - 1) * VL;
     const XT *X = (const XT *)a->x + r0 * N;
     XT *Y = (XT *)a->y + r0 * N;
-    AT pv[SMALL_BLOCK];
+    AT pv[SMALL_BLOCK], d[SMALL_BLOCK], s[SMALL_BLOCK], q[SMALL_BLOCK], c[SMALL_BLOCK];
     double dd[SMALL_BLOCK], m2[SMALL_BLOCK], rstd[SMALL_BLOCK];
     int64_t i;
     int k;
-    for (i = 0; i < nrows; i++) {
-        const XT *x = X + i * N;
-        V v[8];
-        CN_UNROLL for (k = 0; k < NV - 1; k++) v[k] = XLD(x + k * VL);
-        v[NV - 1] = tail == VL ? XLD(x + (NV - 1) * VL) : XLDN(x + (NV - 1) * VL, tail);
-        if (center) {
-            AT p = (AT)X2A(x[0]);
-            V P = VOP(set1)(p);
+    /* 16-bit rows are widened once, in pass 1, into this L1 buffer */
+    const int widen = sizeof(XT) != sizeof(AT);
+    V wide[widen ? SMALL_BLOCK : 1][8];
+#define CN_ROW_LOAD(v, x)                                                                   \
+    CN_UNROLL for (k = 0; k < NV - 1; k++) v[k] = XLD((x) + k * VL);                        \
+    v[NV - 1] = tail == VL ? XLD((x) + (NV - 1) * VL) : XLDN((x) + (NV - 1) * VL, tail)
+#define CN_ROW_RELOAD(v, x, i)                                                              \
+    if (widen) { CN_UNROLL for (k = 0; k < NV; k++) v[k] = wide[(i)][k]; }                  \
+    else { CN_ROW_LOAD(v, x); }
+    /* Short per-row loops (each row: loads, one reduction) whose iterations the
+     * CPU overlaps, with the per-row scalar math done in between as loops over
+     * the whole block, which the compiler vectorizes. */
+    if (center) {
+        for (i = 0; i < nrows; i++) {                  /* pass 1: sum of x - P */
+            const XT *x = X + i * N;
+            V v[8];
+            CN_ROW_LOAD(v, x);
+            if (widen) { CN_UNROLL for (k = 0; k < NV; k++) wide[i][k] = v[k]; }
+            pv[i] = (AT)X2A(x[0]);
+            V P = VOP(set1)(pv[i]);
             V acc = VOP(keepn)(VOP(sub)(v[NV - 1], P), tail);
             CN_UNROLL for (k = 0; k < NV - 1; k++) acc = VOP(add)(acc, VOP(sub)(v[k], P));
-            AT d = (AT)((double)VOP(hsum)(acc) * inv_n);
-            V D = VOP(set1)(d);
-            V q = VOP(zero)(), c = VOP(zero)();
+            s[i] = VOP(hsum)(acc);
+        }
+        for (i = 0; i < nrows; i++) d[i] = (AT)((double)s[i] * inv_n);
+        for (i = 0; i < nrows; i++) {                  /* pass 2 (from L1): sums of e and e^2 */
+            const XT *x = X + i * N;
+            V v[8];
+            CN_ROW_RELOAD(v, x, i);
+            V P = VOP(set1)(pv[i]), D = VOP(set1)(d[i]);
+            V sq = VOP(zero)(), se = VOP(zero)();
             CN_UNROLL for (k = 0; k < NV; k++) {
                 V e = VOP(sub)(VOP(sub)(v[k], P), D);
                 if (k == NV - 1) e = VOP(keepn)(e, tail);
-                q = VOP(fmadd)(e, e, q);
-                c = VOP(add)(c, e);
+                sq = VOP(fmadd)(e, e, sq);
+                se = VOP(add)(se, e);
             }
-            double cs = (double)VOP(hsum)(c);
-            pv[i] = p;
-            dd[i] = isfinite(d) ? (double)d + cs * inv_n : (double)d;  /* corrected mean - P */
-            m2[i] = (double)VOP(hsum)(q) - cs * cs * inv_n;
-        } else {
-            V q = VOP(zero)();
-            CN_UNROLL for (k = 0; k < NV; k++) q = VOP(fmadd)(v[k], v[k], q);
-            pv[i] = 0;
-            dd[i] = 0.0;
-            m2[i] = (double)VOP(hsum)(q);
+            q[i] = VOP(hsum)(sq);
+            c[i] = VOP(hsum)(se);
         }
+        for (i = 0; i < nrows; i++) {
+            double cs = (double)c[i];
+            dd[i] = isfinite(d[i]) ? (double)d[i] + cs * inv_n : (double)d[i];  /* corrected mean - P */
+            m2[i] = (double)q[i] - cs * cs * inv_n;
+        }
+    } else {
+        for (i = 0; i < nrows; i++) {
+            const XT *x = X + i * N;
+            V v[8];
+            CN_ROW_LOAD(v, x);
+            if (widen) { CN_UNROLL for (k = 0; k < NV; k++) wide[i][k] = v[k]; }
+            V sq = VOP(zero)();
+            CN_UNROLL for (k = 0; k < NV; k++) sq = VOP(fmadd)(v[k], v[k], sq);
+            q[i] = VOP(hsum)(sq);
+        }
+        for (i = 0; i < nrows; i++) { pv[i] = 0; dd[i] = 0.0; m2[i] = (double)q[i]; }
     }
-    /* branch-free, so the compiler runs it as vector sqrt/div over the block */
     for (i = 0; i < nrows; i++) {
         double var = m2[i] * inv_n;
         var = var < 0.0 ? 0.0 : var;
         rstd[i] = 1.0 / sqrt(var + a->eps);
     }
-    for (i = 0; i < nrows; i++) {
+    for (i = 0; i < nrows; i++) {                      /* normalize, rereading from L1 */
         const XT *x = X + i * N;
         XT *y = Y + i * N;
         if (FN(needs_rescue)(dd[i], m2[i], inv_n, a->eps) && FN(row_is_finite)(x, N)) {
@@ -384,15 +409,17 @@ CN_INLINE void FN(fwd_small_block)(const cn_fwd_args *a, int64_t r0, const int64
         if (a->mean) ((AT *)a->mean)[r0 + i] = (AT)((double)pv[i] + dd[i]);
         ((AT *)a->rstd)[r0 + i] = rs;
         V P = VOP(set1)(pv[i]), D = VOP(set1)(delta), Rv = VOP(set1)(rs);
+        V v[8];
+        CN_ROW_RELOAD(v, x, i);
         CN_UNROLL for (k = 0; k < NV; k++) {
-            int full = k < NV - 1 || tail == VL;
-            V e = full ? XLD(x + k * VL) : XLDN(x + k * VL, tail);
-            if (center) e = VOP(sub)(VOP(sub)(e, P), D);
+            V e = center ? VOP(sub)(VOP(sub)(v[k], P), D) : v[k];
             V o = VOP(fmadd)(VOP(mul)(e, Rv), wv[k], bv[k]);
-            if (full) XST(y + k * VL, o);
+            if (k < NV - 1 || tail == VL) XST(y + k * VL, o);
             else XSTN(y + k * VL, o, tail);
         }
     }
+#undef CN_ROW_LOAD
+#undef CN_ROW_RELOAD
 }
 
 CN_INLINE void FN(fwd_small_nv)(const cn_fwd_args *a, int64_t r0, int64_t r1, const int NV, const int center)
