@@ -115,10 +115,13 @@ class BuildExt(build_ext):
             base = ["-O1" if debug else "-O3", "-ffp-contract=off", "-fno-math-errno", "-std=c11",
                     "-Wno-unused-function", "-Wno-unreachable-code"]
             base.append("-g" if debug else "-g0")  # Python's CFLAGS carry -g
+            if debug:
+                base.append("-DCN_NO_FORCE_INLINE")
         san_compile, san_link = [], []
         sanitize = os.environ.get("CYNORM_SANITIZE", "").strip()
         if sanitize and not msvc:
-            san_compile = [f"-fsanitize={sanitize}", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"]
+            san_compile = [f"-fsanitize={sanitize}", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g",
+                           "-DCN_NO_FORCE_INLINE"]
             san_link = [f"-fsanitize={sanitize}"]
 
         omp = self._openmp_flags()

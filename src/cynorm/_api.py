@@ -159,27 +159,33 @@ def _stats(stat, name, shape, stat_shape, axis, dtype):
 
 # ----------------------------------------------------------------- shared --
 
-def _forward(x, weight, bias, axis, eps, num_threads, out, center, want_stats):
-    x = _input(x, "x")
+def _layout(x, axis):
+    """(ndim, axis in [0, ndim), M rows, N per row, normalized shape, stats shape)."""
     shape = x.shape
     ndim = len(shape)
     if ndim == 0:
         raise ValueError("cynorm: x must have at least one dimension, got a 0-d array")
     ax = _axis(axis, ndim)
     M, N, norm_shape = _split(shape, ax)
+    return ax, M, N, norm_shape, shape[:ax] + (1,) * (ndim - ax)
+
+
+def _destination(out, shape, dtype, params):
+    """The output array (fresh, or the checked `out`), and params copied if they overlap it."""
+    if out is None:
+        return _empty(shape, dtype), params
+    dst = _check_out(out, shape, dtype)
+    return dst, [p.copy() if p is not None and np.may_share_memory(p, dst) else p for p in params]
+
+
+def _forward(x, weight, bias, axis, eps, num_threads, out, center, want_stats):
+    x = _input(x, "x")
+    ax, M, N, norm_shape, stat_shape = _layout(x, axis)
     pair, weight, bias = _params(x.dtype, norm_shape, weight, bias)
     eps = _eps(eps)
     T = resolve_num_threads(num_threads)
-    if out is None:
-        y = _empty(shape, pair.x)
-    else:
-        y = _check_out(out, shape, pair.x)
-        if weight is not None and np.may_share_memory(weight, y):
-            weight = weight.copy()
-        if bias is not None and np.may_share_memory(bias, y):
-            bias = bias.copy()
+    y, (weight, bias) = _destination(out, x.shape, pair.x, (weight, bias))
     x = _contiguous_input(x, out)
-    stat_shape = shape[:ax] + (1,) * (ndim - ax)
     mean = _empty(stat_shape, pair.stat) if (center and want_stats) else None
     rstd = _empty(stat_shape, pair.stat)
     if M:
@@ -190,32 +196,18 @@ def _forward(x, weight, bias, axis, eps, num_threads, out, center, want_stats):
 def _backward(dy, x, mean, rstd, weight, axis, num_threads, out, center):
     x = _input(x, "x")
     dy = _input(dy, "dy")
-    shape = x.shape
-    ndim = len(shape)
-    if ndim == 0:
-        raise ValueError("cynorm: x must have at least one dimension, got a 0-d array")
-    if dy.shape != shape:
-        raise ValueError(f"cynorm: dy must have the shape of x, {shape}, got {dy.shape}")
+    if dy.shape != x.shape:
+        raise ValueError(f"cynorm: dy must have the shape of x, {x.shape}, got {dy.shape}")
     if dy.dtype != x.dtype:
         raise TypeError(f"cynorm: dy must have the dtype of x, {_dtypes.dtype_name(x.dtype)}, "
                         f"got {_dtypes.dtype_name(dy.dtype)}")
-    ax = _axis(axis, ndim)
-    M, N, norm_shape = _split(shape, ax)
+    ax, M, N, norm_shape, stat_shape = _layout(x, axis)
     pair, weight, _ = _params(x.dtype, norm_shape, weight, None)
-    stat_shape = shape[:ax] + (1,) * (ndim - ax)
     if center:
-        mean = _stats(mean, "mean", shape, stat_shape, ax, pair.stat)
-    rstd = _stats(rstd, "rstd", shape, stat_shape, ax, pair.stat)
+        mean = _stats(mean, "mean", x.shape, stat_shape, ax, pair.stat)
+    rstd = _stats(rstd, "rstd", x.shape, stat_shape, ax, pair.stat)
     T = resolve_num_threads(num_threads)
-    if out is None:
-        dx = _empty(shape, pair.x)
-    else:
-        dx = _check_out(out, shape, pair.x)
-        if weight is not None and np.may_share_memory(weight, dx):
-            weight = weight.copy()
-        if np.may_share_memory(rstd, dx) or (center and np.may_share_memory(mean, dx)):
-            rstd = rstd.copy()
-            mean = None if mean is None else mean.copy()
+    dx, (weight, mean, rstd) = _destination(out, x.shape, pair.x, (weight, mean if center else None, rstd))
     x = _contiguous_input(x, out)
     dy = _contiguous_input(dy, out)
     if weight is not None:

@@ -205,29 +205,18 @@ static const cn_ops *cn_get_ops(int pair)
 }
 
 /* ---- array conversions (half params, and the tests' probes of this level's vector paths) ---- */
-static void cn_f32_to_bf16_array(const float *src, cn_bf16 *dst, int64_t n)
-{
-    int64_t j = 0;
-    for (; j + CN_VF_LANES <= n; j += CN_VF_LANES) cn_vf_store_bf16(dst + j, cn_vf_load_f32(src + j));
-    if (j < n) cn_vf_storen_bf16(dst + j, cn_vf_loadn_f32(src + j, n - j), n - j);
-}
-static void cn_f32_to_f16_array(const float *src, cn_f16 *dst, int64_t n)
-{
-    int64_t j = 0;
-    for (; j + CN_VF_LANES <= n; j += CN_VF_LANES) cn_vf_store_f16(dst + j, cn_vf_load_f32(src + j));
-    if (j < n) cn_vf_storen_f16(dst + j, cn_vf_loadn_f32(src + j, n - j), n - j);
-}
-static void cn_bf16_to_f32_array(const cn_bf16 *src, float *dst, int64_t n)
-{
-    int64_t j = 0;
-    for (; j + CN_VF_LANES <= n; j += CN_VF_LANES) cn_vf_store_f32(dst + j, cn_vf_load_bf16(src + j));
-    if (j < n) cn_vf_storen_f32(dst + j, cn_vf_loadn_bf16(src + j, n - j), n - j);
-}
-static void cn_f16_to_f32_array(const cn_f16 *src, float *dst, int64_t n)
-{
-    int64_t j = 0;
-    for (; j + CN_VF_LANES <= n; j += CN_VF_LANES) cn_vf_store_f32(dst + j, cn_vf_load_f16(src + j));
-    if (j < n) cn_vf_storen_f32(dst + j, cn_vf_loadn_f16(src + j, n - j), n - j);
-}
+#define CN_CONVERT_ARRAY(NAME, SRC, DST, FROM, TO)                                        \
+    static void NAME(const SRC *src, DST *dst, int64_t n)                                 \
+    {                                                                                     \
+        int64_t j = 0;                                                                    \
+        for (; j + CN_VF_LANES <= n; j += CN_VF_LANES)                                    \
+            cn_vf_store_##TO(dst + j, cn_vf_load_##FROM(src + j));                        \
+        if (j < n) cn_vf_storen_##TO(dst + j, cn_vf_loadn_##FROM(src + j, n - j), n - j); \
+    }
+CN_CONVERT_ARRAY(cn_f32_to_bf16_array, float, cn_bf16, f32, bf16)
+CN_CONVERT_ARRAY(cn_f32_to_f16_array, float, cn_f16, f32, f16)
+CN_CONVERT_ARRAY(cn_bf16_to_f32_array, cn_bf16, float, bf16, f32)
+CN_CONVERT_ARRAY(cn_f16_to_f32_array, cn_f16, float, f16, f32)
+#undef CN_CONVERT_ARRAY
 
 #endif /* CN_KERNELS_H */

@@ -59,6 +59,23 @@
 #endif
 #define SMALL_MAX (SMALL_NV_MAX * VL)
 
+/* Calls CALL(K, C) with K = the row's vector count and C = center as compile-
+ * time constants, so each small-row kernel is specialised for its shape. */
+#define CN_SMALL_CASE(a, CALL, K)                                              \
+    case K:                                                                    \
+        if (K <= SMALL_NV_MAX) {                                               \
+            if ((a)->center) CALL(K, 1);                                       \
+            else CALL(K, 0);                                                   \
+        }                                                                      \
+        break;
+#define CN_SMALL_DISPATCH(a, CALL)                                             \
+    switch ((int)(((a)->N + VL - 1) / VL)) {                                   \
+        CN_SMALL_CASE(a, CALL, 1) CN_SMALL_CASE(a, CALL, 2)                    \
+        CN_SMALL_CASE(a, CALL, 3) CN_SMALL_CASE(a, CALL, 4)                    \
+        CN_SMALL_CASE(a, CALL, 5) CN_SMALL_CASE(a, CALL, 6)                    \
+        CN_SMALL_CASE(a, CALL, 7) CN_SMALL_CASE(a, CALL, 8)                    \
+    }
+
 /* Elements to store normally before x-typed pointer p is aligned for a
  * full-vector non-temporal store (at most n). */
 #define STREAM_ALIGN ((int64_t)(VL * sizeof(CN_XT)))
@@ -338,7 +355,7 @@ CN_INLINE void FN(fwd_small_block)(const cn_fwd_args *a, int64_t r0, const int64
     int k;
     /* 16-bit rows are widened once, in pass 1, into this L1 buffer */
     const int widen = sizeof(XT) != sizeof(AT);
-    V wide[widen ? SMALL_BLOCK : 1][8];
+    V wide[sizeof(XT) != sizeof(AT) ? SMALL_BLOCK : 1][8];   /* (a constant size: no VLA) */
 #define CN_ROW_LOAD(v, x)                                                                   \
     CN_UNROLL for (k = 0; k < NV - 1; k++) v[k] = XLD((x) + k * VL);                        \
     v[NV - 1] = tail == VL ? XLD((x) + (NV - 1) * VL) : XLDN((x) + (NV - 1) * VL, tail)
@@ -438,19 +455,9 @@ CN_INLINE void FN(fwd_small_nv)(const cn_fwd_args *a, int64_t r0, int64_t r1, co
 
 static void FN(fwd_small)(const cn_fwd_args *a, int64_t r0, int64_t r1)
 {
-    const int nv = (int)((a->N + VL - 1) / VL);
-#define CN_SMALL_CASE(K)                                                       \
-    case K:                                                                    \
-        if (K <= SMALL_NV_MAX) {                                               \
-            if (a->center) FN(fwd_small_nv)(a, r0, r1, K, 1);                  \
-            else FN(fwd_small_nv)(a, r0, r1, K, 0);                            \
-        }                                                                      \
-        break;
-    switch (nv) {
-        CN_SMALL_CASE(1) CN_SMALL_CASE(2) CN_SMALL_CASE(3) CN_SMALL_CASE(4)
-        CN_SMALL_CASE(5) CN_SMALL_CASE(6) CN_SMALL_CASE(7) CN_SMALL_CASE(8)
-    }
-#undef CN_SMALL_CASE
+#define CN_FWD_SMALL(K, C) FN(fwd_small_nv)(a, r0, r1, K, C)
+    CN_SMALL_DISPATCH(a, CN_FWD_SMALL)
+#undef CN_FWD_SMALL
 }
 
 /* ------------------------------------------------------ forward: rows -- */
@@ -754,15 +761,18 @@ CN_INLINE void FN(bwd_small_block)(const cn_bwd_args *a, int64_t r0, const int64
 #define CN_SMALL_XHAT(h, xv, k)                                                                 \
     h = center ? VOP(mul)(VOP(sub)(xv, Mv), Rv) : VOP(mul)(xv, Rv);                            \
     if (k == NV - 1) h = VOP(keepn)(h, tail)
+    /* row i, vector k: x, dy, xhat and g = dy * w (both passes recompute them from L1) */
+#define CN_SMALL_TERMS(k)                                                                       \
+    V xv, dyv, h;                                                                               \
+    CN_SMALL_LOAD(xv, X + i * N, k);                                                            \
+    CN_SMALL_LOAD(dyv, DY + i * N, k);                                                          \
+    CN_SMALL_XHAT(h, xv, k);                                                                    \
+    V g = VOP(mul)(dyv, wv[k])
     for (i = 0; i < nrows; i++) {
         V Mv = VOP(set1)(center ? MEAN[r0 + i] : (AT)0), Rv = VOP(set1)(RSTD[r0 + i]);
         V s1 = VOP(zero)(), s2 = VOP(zero)();
         CN_UNROLL for (k = 0; k < NV; k++) {
-            V xv, dyv, h;
-            CN_SMALL_LOAD(xv, X + i * N, k);
-            CN_SMALL_LOAD(dyv, DY + i * N, k);
-            CN_SMALL_XHAT(h, xv, k);
-            V g = VOP(mul)(dyv, wv[k]);
+            CN_SMALL_TERMS(k);
             s1 = VOP(add)(s1, g);
             s2 = VOP(fmadd)(g, h, s2);
         }
@@ -773,11 +783,7 @@ CN_INLINE void FN(bwd_small_block)(const cn_bwd_args *a, int64_t r0, const int64
         V Mv = VOP(set1)(center ? MEAN[r0 + i] : (AT)0), Rv = VOP(set1)(RSTD[r0 + i]);
         V C1 = VOP(set1)(c1[i]), C2 = VOP(set1)(c2[i]);
         CN_UNROLL for (k = 0; k < NV; k++) {
-            V xv, dyv, h;
-            CN_SMALL_LOAD(xv, X + i * N, k);
-            CN_SMALL_LOAD(dyv, DY + i * N, k);
-            CN_SMALL_XHAT(h, xv, k);
-            V g = VOP(mul)(dyv, wv[k]);
+            CN_SMALL_TERMS(k);
             V t = center ? VOP(sub)(g, C1) : g;
             t = VOP(mul)(VOP(fnmadd)(h, C2, t), Rv);
             if (k < NV - 1 || tail == VL) XST(DX + i * N + k * VL, t);
@@ -788,6 +794,7 @@ CN_INLINE void FN(bwd_small_block)(const cn_bwd_args *a, int64_t r0, const int64
     }
 #undef CN_SMALL_LOAD
 #undef CN_SMALL_XHAT
+#undef CN_SMALL_TERMS
 }
 
 CN_INLINE void FN(bwd_small_nv)(const cn_bwd_args *a, int64_t r0, int64_t r1, AT *dwp, AT *dbp, const int NV,
@@ -816,19 +823,9 @@ CN_INLINE void FN(bwd_small_nv)(const cn_bwd_args *a, int64_t r0, int64_t r1, AT
 
 static void FN(bwd_small)(const cn_bwd_args *a, int64_t r0, int64_t r1, AT *dwp, AT *dbp)
 {
-    const int nv = (int)((a->N + VL - 1) / VL);
-#define CN_SMALL_CASE(K)                                                       \
-    case K:                                                                    \
-        if (K <= SMALL_NV_MAX) {                                               \
-            if (a->center) FN(bwd_small_nv)(a, r0, r1, dwp, dbp, K, 1);        \
-            else FN(bwd_small_nv)(a, r0, r1, dwp, dbp, K, 0);                  \
-        }                                                                      \
-        break;
-    switch (nv) {
-        CN_SMALL_CASE(1) CN_SMALL_CASE(2) CN_SMALL_CASE(3) CN_SMALL_CASE(4)
-        CN_SMALL_CASE(5) CN_SMALL_CASE(6) CN_SMALL_CASE(7) CN_SMALL_CASE(8)
-    }
-#undef CN_SMALL_CASE
+#define CN_BWD_SMALL(K, C) FN(bwd_small_nv)(a, r0, r1, dwp, dbp, K, C)
+    CN_SMALL_DISPATCH(a, CN_BWD_SMALL)
+#undef CN_BWD_SMALL
 }
 
 /* ----------------------------------------------------- backward: rows -- */
@@ -911,6 +908,8 @@ static const cn_ops FN(cn_ops) = {
 #undef CN_AS
 #undef SMALL_NV_MAX
 #undef SMALL_MAX
+#undef CN_SMALL_CASE
+#undef CN_SMALL_DISPATCH
 #undef SMALL_BLOCK
 #undef STREAM_ALIGN
 #undef TINY_VAR

@@ -31,6 +31,10 @@
 #  define CN_INLINE static __forceinline
 #  define CN_UNLIKELY(c) (c)
 #  define CN_UNROLL
+#elif defined(CN_NO_FORCE_INLINE)  /* sanitizer/debug builds: compile in minutes, not hours */
+#  define CN_INLINE static inline
+#  define CN_UNLIKELY(c) __builtin_expect(!!(c), 0)
+#  define CN_UNROLL
 #else
 #  define CN_INLINE static inline __attribute__((always_inline))
 #  define CN_UNLIKELY(c) __builtin_expect(!!(c), 0)
