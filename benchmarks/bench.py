@@ -459,7 +459,8 @@ def cmd_scaling(args):
         w.close()
     print(f"\n### Thread scaling: cynorm ({isa}) on {cpu}, {cores} cores\n")
     print("speedup = time(1 thread) / time(n); efficiency = speedup / n; GB/s counts x (+dy) read and y/dx "
-          "written. Rows marked * use more threads than cores.\n")
+          "written. Rows marked * ask for more threads than cores: cynorm caps them at the core count "
+          "unless CYNORM_OVERSUBSCRIBE=1.\n")
     print("| case | threads | median ms | speedup | efficiency | GB/s |")
     print("|---|---:|---:|---:|---:|---:|")
     for r in results:

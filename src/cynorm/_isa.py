@@ -80,15 +80,22 @@ def _initial_level():
     return available_levels()[-1]
 
 
+def _load_with_policy(name):
+    module = _load(name)
+    if os.environ.get("CYNORM_OVERSUBSCRIBE", "").strip() not in ("", "0"):
+        module._policy("oversubscribe", 1)   # allow num_threads above the core count
+    return module
+
+
 #: Name of the level in use, and its module (what _api calls).
 level = _initial_level()
-kernels = _load(level)
+kernels = _load_with_policy(level)
 
 
 def use(name):
     """Switch the active level for the whole process (used by the tests)."""
     global level, kernels
-    kernels = _load(name)
+    kernels = _load_with_policy(name)
     level = name
 
 

@@ -38,6 +38,29 @@ cdef extern from *:
     int cn_enter_call() noexcept nogil
     void cn_leave_call() noexcept nogil
 
+# Fault in an output's pages on the calling thread before a parallel region.
+# Fresh (huge) pages are zeroed, and with THP the fault can also compact
+# memory; two threads doing that at once stalled calls from 3 ms to 35-120 ms
+# (measured, (16384, 1024) on 2 threads). The touch is an atomic OR with 0:
+# one write access per page (a plain read-then-write would fault twice, via the
+# zero page) that leaves the bytes as they are, so in-place outputs keep their data.
+cdef extern from *:
+    """
+    #if defined(_MSC_VER) && !defined(__clang__)
+    #include <intrin.h>
+    #define CN_TOUCH(p) _InterlockedOr8((volatile char *)(p), 0)
+    #else
+    #define CN_TOUCH(p) __atomic_fetch_or((unsigned char *)(p), (unsigned char)0, __ATOMIC_RELAXED)
+    #endif
+    static void cn_touch_pages(void *p, int64_t nbytes)
+    {
+        unsigned char *q = (unsigned char *)p;
+        for (int64_t off = 0; off < nbytes; off += 4096) CN_TOUCH(q + off);
+        if (nbytes > 0) CN_TOUCH(q + nbytes - 1);
+    }
+    """
+    void cn_touch_pages(void *p, int64_t nbytes) noexcept nogil
+
 cdef extern from "cn_kernels.h" nogil:
     const char *CN_ISA_NAME
     const int CN_CHUNK
@@ -109,6 +132,11 @@ cdef extern from "cn_kernels.h" nogil:
 # Below this many elements per thread, another thread costs more than it saves
 # (waking a pool thread is a few microseconds).
 cdef int64_t MIN_ELEMS_PER_THREAD = 1 << 15
+# More threads than cores never helps a memory-bound kernel, and threads that
+# are preempted while faulting in fresh output pages stall the whole team
+# (measured: 8-70 ms instead of 8 ms). Requests are capped at the cores this
+# process may use unless CYNORM_OVERSUBSCRIBE=1 (or the tests) allow it.
+cdef bint OVERSUBSCRIBE = False
 # The team path works on groups of rows of about this many bytes, so that the
 # second pass over a group finds it in (last-level) cache.
 cdef int64_t TEAM_GROUP_BYTES = 7 << 20
@@ -118,6 +146,8 @@ cdef int64_t PART_CACHE_BYTES = 256 << 10
 # Outputs at least this large are written with non-temporal stores: they will
 # not stay in cache anyway, and streaming skips reading every destination line.
 cdef int64_t STREAM_MIN_BYTES = 8 << 20
+# Multi-threaded calls fault in outputs at least this large first (see cn_touch_pages).
+cdef int64_t PREFAULT_MIN_BYTES = 4 << 20
 # dweight/dbias are summed over fixed row blocks: at most MAX_BLOCKS blocks of
 # at least MIN_BLOCK_ROWS rows, and few enough that all block partials hold at
 # most BLOCK_PARTIAL_ELEMS numbers. Depends on M and N only -- never on threads.
@@ -134,6 +164,7 @@ cdef inline int _threads_for(int64_t elems, int requested, int in_flight) noexce
     """Threads worth using for `elems` elements of work (at most `requested`).
 
     - small work stays on the calling thread (no parallel region at all);
+    - no more threads than cores, unless oversubscription is allowed;
     - inside someone else's OpenMP region we do not nest a second team;
     - with several calls in flight, each gets a share of the cores, so that
       8 Python threads x num_threads=2 on 2 cores make ~2 busy threads, not 16.
@@ -143,9 +174,12 @@ cdef inline int _threads_for(int64_t elems, int requested, int in_flight) noexce
     cdef int64_t cap = elems // MIN_ELEMS_PER_THREAD
     if cap <= 1 or omp_in_parallel():
         return 1
+    cdef int procs = omp_get_num_procs()
+    if not OVERSUBSCRIBE and requested > procs:
+        requested = procs
     cdef int share
     if in_flight > 1:
-        share = omp_get_num_procs() // in_flight
+        share = procs // in_flight
         requested = requested if requested < share else (share if share > 1 else 1)
     return <int>_min(requested, cap)
 
@@ -432,6 +466,8 @@ def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, 
                     _widen(half, a.b, wide + N, N)
                     a.b = wide + N
         if rc == 0:
+            if T > 1 and M * N * ops.x_size >= PREFAULT_MIN_BYTES:
+                cn_touch_pages(a.y, M * N * ops.x_size)
             rc = _forward(ops, &a, T)
         free(wide)
         cn_leave_call()
@@ -479,6 +515,8 @@ def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, 
             else:
                 _widen(half, a.w, wide, N)
                 a.w = wide
+        if rc == 0 and T > 1 and M * N * ops.x_size >= PREFAULT_MIN_BYTES:
+            cn_touch_pages(a.dx, M * N * ops.x_size)
         if rc == 0:
             if wide != NULL:
                 rc = _backward(ops, &a, T, k, <char *>(wide + N), <char *>(wide + 2 * N) if k == 2 else NULL)
@@ -501,9 +539,12 @@ def _policy(str name, int64_t value=-1):
 
     For tests and tuning only -- e.g. ("min_elems_per_thread", 1) makes tiny
     inputs take the parallel paths. None of these changes a result bit."""
-    global MIN_ELEMS_PER_THREAD, TEAM_GROUP_BYTES, PART_CACHE_BYTES, STREAM_MIN_BYTES
+    global MIN_ELEMS_PER_THREAD, TEAM_GROUP_BYTES, PART_CACHE_BYTES, STREAM_MIN_BYTES, OVERSUBSCRIBE
     cdef int64_t old
-    if name == "min_elems_per_thread":
+    if name == "oversubscribe":
+        old = OVERSUBSCRIBE
+        if value >= 0: OVERSUBSCRIBE = value != 0
+    elif name == "min_elems_per_thread":
         old = MIN_ELEMS_PER_THREAD
         if value >= 0: MIN_ELEMS_PER_THREAD = max(value, 1)
     elif name == "team_group_bytes":
