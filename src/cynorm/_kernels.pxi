@@ -38,28 +38,6 @@ cdef extern from *:
     int cn_enter_call() noexcept nogil
     void cn_leave_call() noexcept nogil
 
-# Fault in an output's pages on the calling thread before a parallel region.
-# Fresh (huge) pages are zeroed, and with THP the fault can also compact
-# memory; two threads doing that at once stalled calls from 3 ms to 35-120 ms
-# (measured, (16384, 1024) on 2 threads). The touch is an atomic OR with 0:
-# one write access per page (a plain read-then-write would fault twice, via the
-# zero page) that leaves the bytes as they are, so in-place outputs keep their data.
-cdef extern from *:
-    """
-    #if defined(_MSC_VER) && !defined(__clang__)
-    #include <intrin.h>
-    #define CN_TOUCH(p) _InterlockedOr8((volatile char *)(p), 0)
-    #else
-    #define CN_TOUCH(p) __atomic_fetch_or((unsigned char *)(p), (unsigned char)0, __ATOMIC_RELAXED)
-    #endif
-    static void cn_touch_pages(void *p, int64_t nbytes)
-    {
-        unsigned char *q = (unsigned char *)p;
-        for (int64_t off = 0; off < nbytes; off += 4096) CN_TOUCH(q + off);
-        if (nbytes > 0) CN_TOUCH(q + nbytes - 1);
-    }
-    """
-    void cn_touch_pages(void *p, int64_t nbytes) noexcept nogil
 
 cdef extern from "cn_kernels.h" nogil:
     const char *CN_ISA_NAME
@@ -132,10 +110,11 @@ cdef extern from "cn_kernels.h" nogil:
 # Below this many elements per thread, another thread costs more than it saves
 # (waking a pool thread is a few microseconds).
 cdef int64_t MIN_ELEMS_PER_THREAD = 1 << 15
-# More threads than cores never helps a memory-bound kernel, and threads that
-# are preempted while faulting in fresh output pages stall the whole team
-# (measured: 8-70 ms instead of 8 ms). Requests are capped at the cores this
-# process may use unless CYNORM_OVERSUBSCRIBE=1 (or the tests) allow it.
+# More threads than cores never helps a memory-bound kernel, and a thread that
+# is preempted (e.g. in a page fault on a fresh output) stalls the whole team
+# at the next barrier (measured: 8-70 ms instead of 8 ms with 3 threads on 2
+# cores). Requests are capped at the cores this process may use unless
+# CYNORM_OVERSUBSCRIBE=1 (or the tests) allow it.
 cdef bint OVERSUBSCRIBE = False
 # The team path works on groups of rows of about this many bytes, so that the
 # second pass over a group finds it in (last-level) cache.
@@ -146,8 +125,6 @@ cdef int64_t PART_CACHE_BYTES = 256 << 10
 # Outputs at least this large are written with non-temporal stores: they will
 # not stay in cache anyway, and streaming skips reading every destination line.
 cdef int64_t STREAM_MIN_BYTES = 8 << 20
-# Multi-threaded calls fault in outputs at least this large first (see cn_touch_pages).
-cdef int64_t PREFAULT_MIN_BYTES = 4 << 20
 # dweight/dbias are summed over fixed row blocks: at most MAX_BLOCKS blocks of
 # at least MIN_BLOCK_ROWS rows, and few enough that all block partials hold at
 # most BLOCK_PARTIAL_ELEMS numbers. Depends on M and N only -- never on threads.
@@ -466,8 +443,6 @@ def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, 
                     _widen(half, a.b, wide + N, N)
                     a.b = wide + N
         if rc == 0:
-            if T > 1 and M * N * ops.x_size >= PREFAULT_MIN_BYTES:
-                cn_touch_pages(a.y, M * N * ops.x_size)
             rc = _forward(ops, &a, T)
         free(wide)
         cn_leave_call()
@@ -515,8 +490,6 @@ def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, 
             else:
                 _widen(half, a.w, wide, N)
                 a.w = wide
-        if rc == 0 and T > 1 and M * N * ops.x_size >= PREFAULT_MIN_BYTES:
-            cn_touch_pages(a.dx, M * N * ops.x_size)
         if rc == 0:
             if wide != NULL:
                 rc = _backward(ops, &a, T, k, <char *>(wide + N), <char *>(wide + 2 * N) if k == 2 else NULL)
