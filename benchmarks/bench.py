@@ -100,13 +100,18 @@ def _worker_main(lib):
         print(json.dumps(res), flush=True)
 
 
-def _timeit(fn, budget, min_reps=3, max_reps=2000):
-    """Median seconds per call. Fast calls are timed in batches."""
-    fn()
-    fn()
-    t0 = time.perf_counter()
-    fn()
-    one = max(time.perf_counter() - t0, 1e-7)
+def _timeit(fn, budget, min_reps=3, max_reps=2000, warmup=None):
+    """Per-call times (seconds) of fn, after warming up for `warmup` seconds
+    (after large frees the OS compacts memory for huge pages, which stalls
+    the first big allocations for a while). Fast calls are timed in batches."""
+    warmup = _WARMUP if warmup is None else warmup
+    t_start = time.perf_counter()
+    calls = 0
+    while calls < 3 or time.perf_counter() - t_start < warmup:
+        t0 = time.perf_counter()
+        fn()
+        one = max(time.perf_counter() - t0, 1e-7)
+        calls += 1
     batch = max(1, int(2e-4 / one))            # each sample at least ~0.2 ms
     reps = int(min(max_reps, max(min_reps, budget / (one * batch))))
     samples = []
@@ -115,8 +120,10 @@ def _timeit(fn, budget, min_reps=3, max_reps=2000):
         for _ in range(batch):
             fn()
         samples.append((time.perf_counter() - t0) / batch)
-    samples.sort()
-    return samples[len(samples) // 2], reps * batch
+    return samples
+
+
+_WARMUP = 0.3
 
 
 def _make_data(shape, axis, mode, seed=0):
@@ -141,8 +148,11 @@ def _run_request(lib, req):
 
     shape, axis, mode = tuple(req["shape"]), req["axis"], req["mode"]
     threads, budget, norm = req["threads"], req["budget"], req.get("norm", "layer")
+    warmup = req.get("warmup", 0.3)
     directions = req["directions"]
     prealloc = req.get("prealloc", False)
+    global _WARMUP
+    _WARMUP = warmup
     x, dy, w, b = _make_data(shape, axis, mode)
     out = {}
     if lib == "numpy":
@@ -151,10 +161,12 @@ def _run_request(lib, req):
         dyv = dy.view(np.uint16) if x.itemsize == 2 else dy
         if prealloc:
             dst = np.empty_like(xv)
-            out["copy_prealloc"], _ = _timeit(lambda: np.copyto(dst, xv), budget)
+            out["copy_prealloc"] = _timeit(lambda: np.copyto(dst, xv), budget)
         else:
-            out["fwd"], _ = _timeit(lambda: np.copy(xv), budget)
-            out["bwd"], _ = _timeit(lambda: np.add(xv, dyv), budget)
+            if "fwd" in directions:
+                out["fwd"] = _timeit(lambda: np.copy(xv), budget)
+            if "bwd" in directions:
+                out["bwd"] = _timeit(lambda: np.add(xv, dyv), budget)
     elif lib == "cynorm":
         import cynorm
 
@@ -171,9 +183,9 @@ def _run_request(lib, req):
             fwd = lambda: cynorm.rms_norm_forward(x, w, axis=axis, num_threads=threads, out=yo)
             bwd = lambda: cynorm.rms_norm_backward(dy, x, rstd, w, axis=axis, num_threads=threads, out=dxo)
         if "fwd" in directions:
-            out["fwd"], out["fwd_reps"] = _timeit(fwd, budget)
+            out["fwd"] = _timeit(fwd, budget)
         if "bwd" in directions:
-            out["bwd"], out["bwd_reps"] = _timeit(bwd, budget)
+            out["bwd"] = _timeit(bwd, budget)
     elif lib == "torch":
         import torch
 
@@ -197,9 +209,9 @@ def _run_request(lib, req):
             bwd = lambda: torch.autograd.grad(yg, (xg, wg), tdy, retain_graph=True)
         with torch.no_grad() if norm == "layer" else _nullcontext():
             if "fwd" in directions:
-                out["fwd"], out["fwd_reps"] = _timeit(fwd, budget)
+                out["fwd"] = _timeit(fwd, budget)
         if "bwd" in directions:
-            out["bwd"], out["bwd_reps"] = _timeit(bwd, budget)
+            out["bwd"] = _timeit(bwd, budget)
     del x, dy, w, b
     gc.collect()
     return out
@@ -224,6 +236,27 @@ def _torch_cast(t, a):
 
 
 # ------------------------------------------------------------------ parent --
+
+ROUNDS = 3
+
+
+def _measure(workers, req, libs):
+    """Median per library over ROUNDS rounds that take the libraries in turn
+    (each library in its own process): a burst of system noise -- e.g. the
+    kernel compacting memory for huge pages -- then hits every library alike."""
+    pooled = {lib: {} for lib in libs}
+    sub = dict(req, budget=req["budget"] / ROUNDS)
+    for rnd in range(ROUNDS):
+        order = libs[rnd % len(libs):] + libs[: rnd % len(libs)]
+        for lib in order:
+            res = workers[lib].ask(dict(sub, warmup=0.3 if rnd == 0 else 0.05))
+            if "error" in res:
+                pooled[lib]["error"] = res["error"]
+            for key, samples in res.items():
+                if isinstance(samples, list):
+                    pooled[lib].setdefault(key, []).extend(samples)
+    return {lib: {k: (_median(v) if isinstance(v, list) else v) for k, v in d.items()} for lib, d in pooled.items()}
+
 
 class Worker:
     def __init__(self, lib):
@@ -315,7 +348,9 @@ def cmd_seed(args):
             req = {"shape": shape, "axis": axis, "mode": mode, "threads": args.threads, "norm": args.norm,
                    "budget": cell_budget, "directions": ["fwd", "bwd"]}
             _progress(f"[{i}/{len(cells)}] {shape} {_axes_name(shape, axis)} {mode} ...")
-            res = {lib: (w.ask(req) if (lib != "numpy" or big) else {}) for lib, w in workers.items()}
+            libs = [lib for lib, w in workers.items() if w.available and (lib != "numpy" or big)]
+            res = {lib: {} for lib in workers}
+            res.update(_measure(workers, req, libs))
             for lib, r in res.items():
                 if "error" in r:
                     _progress(f"  {lib}: {r['error']}")
@@ -385,8 +420,8 @@ def cmd_roofline(args):
                 _progress(f"roofline {shape} {mode} ...")
                 req = {"shape": shape, "axis": axis, "mode": mode, "threads": args.threads, "norm": args.norm,
                        "budget": 0.5, "directions": ["fwd", "bwd"], "prealloc": True}
-                c = workers["cynorm"].ask(req)
-                f = workers["numpy"].ask(req)
+                got = _measure(workers, req, ["cynorm", "numpy"])
+                c, f = got["cynorm"], got["numpy"]
                 itemsize = 2 if MODES[mode][0] in ("bfloat16", "float16") else 4
                 nbytes = math.prod(shape) * itemsize
                 copy_bw = 2 * nbytes / f["copy_prealloc"] / 1e9
@@ -437,9 +472,10 @@ def cmd_scaling(args):
                 for t in threads:
                     _progress(f"scaling {shape} {_axes_name(shape, axis)} {mode} threads={t}"
                               + (" (oversubscribed)" if t > cores else ""))
-                    r = w.ask({"shape": shape, "axis": axis, "mode": mode, "threads": t, "norm": args.norm,
-                               "budget": budget, "directions": ["fwd", "bwd"]})
-                    per_t[t] = r
+                    r = _measure({"cynorm": w}, {"shape": shape, "axis": axis, "mode": mode, "threads": t,
+                                                 "norm": args.norm, "budget": budget,
+                                                 "directions": ["fwd", "bwd"]}, ["cynorm"])
+                    per_t[t] = r["cynorm"]
                 itemsize = 2 if MODES[mode][0] in ("bfloat16", "float16") else 4
                 nbytes = math.prod(shape) * itemsize
                 for d, moved in (("fwd", 2), ("bwd", 3)):
