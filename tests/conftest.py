@@ -31,6 +31,24 @@ PAIRS = [
 LEVELS = _isa.available_levels()
 
 
+def pytest_configure(config):
+    # Repeated from pyproject.toml so the suite behaves the same when run
+    # from a copy outside the source tree (installed-wheel and conda tests).
+    config.addinivalue_line(
+        "markers", "slow: long or memory-hungry tests (opt in with -m slow)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slow tests are opt-in even without pyproject's `-m 'not slow'`."""
+    if config.option.markexpr:
+        return  # the caller chose with -m
+    kept = [item for item in items if "slow" not in item.keywords]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(
+            items=[item for item in items if "slow" in item.keywords])
+        items[:] = kept
+
+
 @pytest.fixture(params=LEVELS)
 def isa_level(request):
     """Run the test once per ISA level this machine can run."""
