@@ -39,6 +39,13 @@ cdef extern from *:
     void cn_leave_call() noexcept nogil
 
 
+cdef extern from "cn_scratch.h" nogil:
+    # per-thread buffers kept between calls (slot 0: widened params, 1: fp32
+    # totals of 16-bit param grads, 2: block partials)
+    void *cn_scratch_get(int slot, size_t nbytes)
+    void cn_scratch_put(int slot, void *p)
+
+
 cdef extern from "cn_kernels.h" nogil:
     const char *CN_ISA_NAME
     const int CN_CHUNK
@@ -251,11 +258,11 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t 
     cdef double *rowsums = <double *>malloc(S * 2 * sizeof(double))
     cdef char *blk_part = NULL
     if k and nb > 1:
-        blk_part = <char *>malloc(k * part_bytes)
+        blk_part = <char *>cn_scratch_get(2, k * part_bytes)
     if sums == NULL or rowsums == NULL or (k and nb > 1 and blk_part == NULL):
         free(sums)
         free(rowsums)
-        free(blk_part)
+        cn_scratch_put(2, blk_part)
         return -1
     cdef int64_t blk, r0, r1, s0, s1, r, c, i, t, npairs
     cdef char *dwp
@@ -300,7 +307,7 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t 
         cn_stream_fence()   # make this thread's non-temporal stores visible
     free(sums)
     free(rowsums)
-    free(blk_part)
+    cn_scratch_put(2, blk_part)
     return 0
 
 
@@ -315,7 +322,7 @@ cdef int _backward_blocks(const cn_ops *ops, const cn_bwd_args *a, int T, int64_
     # block 0 accumulates straight into the totals; blocks 1.. get scratch
     cdef char *scratch = NULL
     if k and nb > 1:
-        scratch = <char *>malloc((nb - 1) * k * part_bytes)
+        scratch = <char *>cn_scratch_get(2, (nb - 1) * k * part_bytes)
         if scratch == NULL:
             return -1
     cdef int64_t blk, c, j
@@ -337,7 +344,7 @@ cdef int _backward_blocks(const cn_ops *ops, const cn_bwd_args *a, int T, int64_
                 ops.acc_add(tot_dw, scratch + j * k * part_bytes, c * K, _min(N, c * K + K))
                 if k == 2:
                     ops.acc_add(tot_db, scratch + (j * k + 1) * part_bytes, c * K, _min(N, c * K + K))
-    free(scratch)
+    cn_scratch_put(2, scratch)
     return 0
 
 
@@ -356,7 +363,7 @@ cdef int _backward(const cn_ops *ops, const cn_bwd_args *a, int T, int k,
     cdef int rc
     if k and not direct:
         # bf16/f16 params: sum in fp32, round once at the end
-        tot = <char *>malloc(k * part_bytes)
+        tot = <char *>cn_scratch_get(1, k * part_bytes)
         if tot == NULL:
             return -1
         tot_dw = tot
@@ -370,7 +377,7 @@ cdef int _backward(const cn_ops *ops, const cn_bwd_args *a, int T, int k,
             ops.acc_to_param(out_dw, tot_dw, c * K, _min(N, c * K + K))
             if k == 2:
                 ops.acc_to_param(out_db, tot_db, c * K, _min(N, c * K + K))
-    free(tot)
+    cn_scratch_put(1, tot)
     return rc
 
 
@@ -432,7 +439,7 @@ def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, 
     with nogil:
         T = _threads_for(M * N, num_threads, cn_enter_call())
         if half and (a.w != NULL or a.b != NULL):
-            wide = <float *>malloc(2 * N * sizeof(float))
+            wide = <float *>cn_scratch_get(0, 2 * N * sizeof(float))
             if wide == NULL:
                 rc = -1
             else:
@@ -444,7 +451,7 @@ def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, 
                     a.b = wide + N
         if rc == 0:
             rc = _forward(ops, &a, T)
-        free(wide)
+        cn_scratch_put(0, wide)
         cn_leave_call()
     if rc != 0:
         raise MemoryError("cynorm: could not allocate scratch memory")
@@ -484,7 +491,7 @@ def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, 
         T = _threads_for(M * N, num_threads, cn_enter_call())
         if half and a.w != NULL:
             # float32 copy of the weight, and float32 sums for dweight/dbias
-            wide = <float *>malloc((1 + k) * N * sizeof(float))
+            wide = <float *>cn_scratch_get(0, (1 + k) * N * sizeof(float))
             if wide == NULL:
                 rc = -1
             else:
@@ -499,7 +506,7 @@ def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, 
                         _narrow(half, wide + 2 * N, out_db, N)
             else:
                 rc = _backward(ops, &a, T, k, out_dw, out_db)
-        free(wide)
+        cn_scratch_put(0, wide)
         cn_leave_call()
     if rc != 0:
         raise MemoryError("cynorm: could not allocate scratch memory")
