@@ -234,17 +234,8 @@ static void FN(apply)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, A
 /* ------------------------- forward: rows beyond the accumulator's range -- */
 
 /* Variances below this are not reliable in the accumulator type (squares of
- * the deviations underflow); they matter only when eps does not dominate. */
+ * the deviations underflow); see wants_rescue for when that matters. */
 #define TINY_VAR (sizeof(AT) == 4 ? 0x1p-100 : 0x1p-900)
-
-/* Is the row's fp32 (fp64) result untrustworthy although every input is
- * finite? Moments that overflowed (values near the dtype's max), or a variance
- * too small for the accumulator with an eps smaller still. */
-CN_INLINE int FN(needs_rescue)(double delta, double m2, double inv_n, double eps)
-{
-    if (CN_UNLIKELY(!(isfinite(delta) && isfinite(m2)))) return 1;
-    return CN_UNLIKELY(m2 * inv_n < TINY_VAR) && eps < TINY_VAR;
-}
 
 /* Such a row, recomputed in double and scaled by a power of two (exact) so
  * that neither huge nor subnormal values lose range -- also for float64 rows.
@@ -256,33 +247,65 @@ static void FN(fwd_rescue)(const cn_fwd_args *a, int64_t r)
     const XT *x = (const XT *)a->x + r * N;
     XT *y = (XT *)a->y + r * N;
     const PT *w = (const PT *)a->w, *b = (const PT *)a->b;
-    double amax = 0.0, s, p, mean = 0.0, m2 = 0.0, rstd_s;
+    double amax = 0.0, p, mean = 0.0, m2 = 0.0, eps_s, rstd_s, rstd;
     int64_t j;
     int e;
     for (j = 0; j < N; j++) { double v = fabs((double)X2A(x[j])); if (v > amax) amax = v; }
     frexp(amax, &e);
-    s = ldexp(1.0, -e);                     /* x * s lies in (-1, 1), exactly */
-    p = a->center ? (double)X2A(x[0]) * s : 0.0;
+    /* x * 2^-e lies in (-1, 1), exactly (ldexp: 2^-e itself overflows for float64 subnormals) */
+#define CN_SCALED(j) ldexp((double)X2A(x[j]), -e)
+    p = a->center ? CN_SCALED(0) : 0.0;
     if (a->center) {
-        for (j = 0; j < N; j++) mean += (double)X2A(x[j]) * s - p;
+        for (j = 0; j < N; j++) mean += CN_SCALED(j) - p;
         mean = p + mean / (double)N;
     }
-    for (j = 0; j < N; j++) { double d = (double)X2A(x[j]) * s - mean; m2 += d * d; }
-    rstd_s = 1.0 / sqrt(m2 / (double)N + a->eps * s * s);   /* rstd of the scaled row */
+    for (j = 0; j < N; j++) { double d = CN_SCALED(j) - mean; m2 += d * d; }
+    eps_s = ldexp(a->eps, -2 * e);                              /* eps in scaled units */
+    if (isfinite(eps_s)) {
+        rstd_s = 1.0 / sqrt(m2 / (double)N + eps_s);            /* rstd of the scaled row */
+        rstd = ldexp(rstd_s, -e);
+    } else {                                                    /* eps dominates by far */
+        rstd = 1.0 / sqrt(a->eps + ldexp(m2 / (double)N, 2 * e));
+        rstd_s = ldexp(rstd, e);
+    }
     for (j = 0; j < N; j++) {
-        double v = ((double)X2A(x[j]) * s - mean) * rstd_s;
+        double v = (CN_SCALED(j) - mean) * rstd_s;
         if (w) v *= (double)P2A(w[j]);
         if (b) v += (double)P2A(b[j]);
         y[j] = A2X(v);
     }
-    if (a->mean) ((AT *)a->mean)[r] = (AT)(mean / s);
-    ((AT *)a->rstd)[r] = (AT)(rstd_s * s);
+#undef CN_SCALED
+    if (a->mean) ((AT *)a->mean)[r] = (AT)ldexp(mean, e);
+    ((AT *)a->rstd)[r] = (AT)rstd;
 }
 
 static int FN(row_is_finite)(const XT *x, int64_t n)
 {
     for (int64_t j = 0; j < n; j++) if (!isfinite((double)X2A(x[j]))) return 0;
     return 1;
+}
+
+static int FN(row_is_constant)(const XT *x, int64_t n)
+{
+    const AT first = (AT)X2A(x[0]);
+    for (int64_t j = 1; j < n; j++) if ((AT)X2A(x[j]) != first) return 0;
+    return 1;
+}
+
+/* Must this row be redone by fwd_rescue? Only if every input is finite, and
+ * - its moments overflowed (values near the dtype's max), or
+ * - its variance is below the accumulator's range (squares of the deviations
+ *   underflow) and either eps is smaller still (rstd would be wrong) or, for
+ *   LayerNorm, the row is not constant: deviations that small sit near the
+ *   subnormals, where the mean has no relative precision left, so
+ *   (x - mean) * rstd would be off. A constant row is exact as it is (y == b).
+ * All rare; the common case costs two compares. */
+static int FN(wants_rescue)(const cn_fwd_args *a, const XT *x, double delta, double m2, double inv_n)
+{
+    if (CN_UNLIKELY(!(isfinite(delta) && isfinite(m2)))) return FN(row_is_finite)(x, a->N);
+    if (!CN_UNLIKELY(m2 * inv_n < TINY_VAR)) return 0;
+    if (a->eps >= TINY_VAR && (!a->center || FN(row_is_constant)(x, a->N))) return 0;
+    return FN(row_is_finite)(x, a->N);
 }
 
 /* ----------------------------------------- forward: chunk-level pieces -- */
@@ -302,7 +325,7 @@ static void FN(fwd_finish)(const cn_fwd_args *a, int64_t r, const cn_moments *to
     const XT *row = (const XT *)a->x + r * a->N;
     AT pivot = a->center ? (AT)X2A(row[0]) : (AT)0;
     double rstd = cn_rstd(tot->m2, (double)a->N, a->eps);
-    if (FN(needs_rescue)(tot->delta, tot->m2, 1.0 / (double)a->N, a->eps) && FN(row_is_finite)(row, a->N)) {
+    if (FN(wants_rescue)(a, row, tot->delta, tot->m2, 1.0 / (double)a->N)) {
         FN(fwd_rescue)(a, r);
         st->ok = 0;
         return;
@@ -418,7 +441,7 @@ CN_INLINE void FN(fwd_small_block)(const cn_fwd_args *a, int64_t r0, const int64
     for (i = 0; i < nrows; i++) {                      /* normalize, rereading from L1 */
         const XT *x = X + i * N;
         XT *y = Y + i * N;
-        if (FN(needs_rescue)(dd[i], m2[i], inv_n, a->eps) && FN(row_is_finite)(x, N)) {
+        if (FN(wants_rescue)(a, x, dd[i], m2[i], inv_n)) {
             FN(fwd_rescue)(a, r0 + i);
             continue;
         }
