@@ -46,6 +46,10 @@ def layer_norm(x, weight=None, bias=None, axis=-1, eps=1e-5):
     x = _f64(x)
     axes = _axes(x, axis)
     mean = x.mean(axis=axes, keepdims=True)
+    # one corrected-two-pass step: makes a constant row's mean exact (a plain
+    # sum of 3087 equal float64 values is not), so y == bias is the reference too
+    finite = np.isfinite(mean)
+    mean = np.where(finite, mean + (x - np.where(finite, mean, 0.0)).mean(axis=axes, keepdims=True), mean)
     var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
     rstd = 1.0 / np.sqrt(var + eps)
     y = (x - mean) * rstd
