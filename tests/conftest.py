@@ -32,21 +32,17 @@ LEVELS = _isa.available_levels()
 
 
 def pytest_configure(config):
-    # Repeated from pyproject.toml so the suite behaves the same when run
-    # from a copy outside the source tree (installed-wheel and conda tests).
-    config.addinivalue_line(
-        "markers", "slow: long or memory-hungry tests (opt in with -m slow)")
+    # here rather than in pyproject.toml: a copy of tests/ run against the
+    # installed package (wheel or conda test step) sees no pyproject
+    config.addinivalue_line("markers", "slow: long or memory-hungry tests (opt in with -m slow)")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Slow tests are opt-in even without pyproject's `-m 'not slow'`."""
-    if config.option.markexpr:
-        return  # the caller chose with -m
-    kept = [item for item in items if "slow" not in item.keywords]
-    if len(kept) != len(items):
-        config.hook.pytest_deselected(
-            items=[item for item in items if "slow" in item.keywords])
-        items[:] = kept
+    """Slow tests are opt-in: deselected unless the caller picks with -m."""
+    slow = [item for item in items if "slow" in item.keywords]
+    if slow and not config.option.markexpr:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if "slow" not in item.keywords]
 
 
 @pytest.fixture(params=LEVELS)
