@@ -76,8 +76,9 @@ typedef struct {
     double n, delta, m2;
 } cn_moments;
 
-/* What the normalizing pass needs for one row (values already rounded to the
- * accumulator dtype). ok == 0: row already written by the overflow rescue. */
+/* What the normalizing pass needs for one row (pivot and rstd already rounded
+ * to the accumulator dtype; delta unrounded, applied as hi + lo). ok == 0: row
+ * already written by the rescue. */
 typedef struct {
     double pivot, delta, rstd;
     int ok;

@@ -164,19 +164,23 @@ CN_INLINE void FN(chunk_moments)(const XT *x, int64_t n, AT pivot, const int cen
 
 /* ---------------------------------------------------- forward: normalize -- */
 
-/* y = ((x - P) - delta) * rstd * w + b   (RMSNorm: y = x * rstd * w).
+/* delta = mean - P as two accumulator-type terms, hi + lo: y near the mean
+ * comes from cancellation in (x - P) - delta, where hi alone would leave an
+ * absolute error of half an ulp of delta (bf16 results then misround). */
+#define CN_DELTA_LO(d) ((AT)((d) - (double)(AT)(d)))
+
+/* y = (((x - P) - delta) * rstd - delta_lo * rstd) * w + b  (one fma; RMSNorm: y = x * rstd * w).
  * stream: write the aligned middle with non-temporal stores. */
-CN_INLINE void FN(apply_impl)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, AT pivot, AT delta,
+CN_INLINE void FN(apply_impl)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, AT pivot, AT delta, AT delta_lo,
                               AT rstd, const int center, const int has_w, const int has_b, const int stream,
                               const XT *pf, int64_t npf)
 {
-    V P = VOP(set1)(pivot), D = VOP(set1)(delta), R = VOP(set1)(rstd);
+    V P = VOP(set1)(pivot), D = VOP(set1)(delta), R = VOP(set1)(rstd), LR = VOP(set1)(-delta_lo * rstd);
     int64_t j = 0, head = stream ? FN(stream_peel)(y, n) : 0;
 #define CN_APPLY(J, T, LDX, LDP, STORE)                                                  \
     {                                                                                    \
         V v = LDX(x + (J), T);                                                           \
-        if (center) v = VOP(sub)(VOP(sub)(v, P), D);                                     \
-        v = VOP(mul)(v, R);                                                              \
+        v = center ? VOP(fmadd)(VOP(sub)(VOP(sub)(v, P), D), R, LR) : VOP(mul)(v, R);    \
         if (has_w && has_b) v = VOP(fmadd)(v, LDP(w + (J), T), LDP(b + (J), T));         \
         else if (has_w) v = VOP(mul)(v, LDP(w + (J), T));                                \
         else if (has_b) v = VOP(add)(v, LDP(b + (J), T));                                \
@@ -212,13 +216,14 @@ CN_INLINE void FN(apply_impl)(const XT *x, XT *y, const PT *w, const PT *b, int6
 #undef CN_ST_PART
 }
 
-static void FN(apply)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, AT pivot, AT delta, AT rstd,
+static void FN(apply)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, AT pivot, double delta, AT rstd,
                       int center, int stream, const XT *pf, int64_t npf)
 {
+    const AT hi = (AT)delta, lo = CN_DELTA_LO(delta);
     /* one specialised loop per (center, weight?, bias?, stream?): no branches in the hot loop */
 #define CN_A(C, W, B) \
-    (stream ? FN(apply_impl)(x, y, w, b, n, pivot, delta, rstd, C, W, B, 1, pf, npf) \
-            : FN(apply_impl)(x, y, w, b, n, pivot, delta, rstd, C, W, B, 0, pf, npf))
+    (stream ? FN(apply_impl)(x, y, w, b, n, pivot, hi, lo, rstd, C, W, B, 1, pf, npf) \
+            : FN(apply_impl)(x, y, w, b, n, pivot, hi, lo, rstd, C, W, B, 0, pf, npf))
     if (center) {
         if (w && b) CN_A(1, 1, 1);
         else if (w) CN_A(1, 1, 0);
@@ -332,7 +337,7 @@ static void FN(fwd_finish)(const cn_fwd_args *a, int64_t r, const cn_moments *to
     }
     st->ok = 1;
     st->pivot = (double)pivot;
-    st->delta = (double)(AT)tot->delta;
+    st->delta = tot->delta;
     st->rstd = (double)(AT)rstd;
     if (a->mean) ((AT *)a->mean)[r] = (AT)((double)pivot + tot->delta);
     ((AT *)a->rstd)[r] = (AT)rstd;
@@ -352,7 +357,7 @@ static void FN(fwd_apply)(const cn_fwd_args *a, int64_t r, int64_t nrows, int64_
         const XT *x = (const XT *)a->x + (r + i) * N + c0;
         int64_t pf = i + 1 < nrows ? N : n - (nrows - 1) * N;  /* next row here, or back to the first, further on */
         if (!st[i].ok) continue;
-        FN(apply)(x, (XT *)a->y + (r + i) * N + c0, w, b, n, (AT)st[i].pivot, (AT)st[i].delta, (AT)st[i].rstd,
+        FN(apply)(x, (XT *)a->y + (r + i) * N + c0, w, b, n, (AT)st[i].pivot, st[i].delta, (AT)st[i].rstd,
                   a->center, a->stream, x + pf, c1 < N || i + 1 < nrows ? n : 0);
     }
 }
@@ -445,15 +450,15 @@ CN_INLINE void FN(fwd_small_block)(const cn_fwd_args *a, int64_t r0, const int64
             FN(fwd_rescue)(a, r0 + i);
             continue;
         }
-        AT rs = (AT)rstd[i], delta = (AT)dd[i];
+        AT rs = (AT)rstd[i], delta = (AT)dd[i], delta_lo = CN_DELTA_LO(dd[i]);
         if (a->mean) ((AT *)a->mean)[r0 + i] = (AT)((double)pv[i] + dd[i]);
         ((AT *)a->rstd)[r0 + i] = rs;
-        V P = VOP(set1)(pv[i]), D = VOP(set1)(delta), Rv = VOP(set1)(rs);
+        V P = VOP(set1)(pv[i]), D = VOP(set1)(delta), Rv = VOP(set1)(rs), LR = VOP(set1)(-delta_lo * rs);
         V v[8];
         CN_ROW_RELOAD(v, x, i);
         CN_UNROLL for (k = 0; k < NV; k++) {
-            V e = center ? VOP(sub)(VOP(sub)(v[k], P), D) : v[k];
-            V o = VOP(fmadd)(VOP(mul)(e, Rv), wv[k], bv[k]);
+            V e = center ? VOP(fmadd)(VOP(sub)(VOP(sub)(v[k], P), D), Rv, LR) : VOP(mul)(v[k], Rv);
+            V o = VOP(fmadd)(e, wv[k], bv[k]);
             if (k < NV - 1 || tail == VL) XST(y + k * VL, o);
             else XSTN(y + k * VL, o, tail);
         }
@@ -528,7 +533,7 @@ static void FN(fwd_rows)(const cn_fwd_args *a, int64_t r0, int64_t r1)
                 const XT *x = (const XT *)a->x + (r + i) * N;
                 int64_t npf = r + i + RB < a->M ? (N < CN_PREFETCH_MAX ? N : CN_PREFETCH_MAX) : 0;
                 if (!st[i].ok) continue;
-                FN(apply)(x, (XT *)a->y + (r + i) * N, W, B, N, (AT)st[i].pivot, (AT)st[i].delta,
+                FN(apply)(x, (XT *)a->y + (r + i) * N, W, B, N, (AT)st[i].pivot, st[i].delta,
                           (AT)st[i].rstd, a->center, a->stream, x + RB * N, npf);
             }
         }
@@ -936,6 +941,7 @@ static const cn_ops FN(cn_ops) = {
 #undef SMALL_BLOCK
 #undef STREAM_ALIGN
 #undef TINY_VAR
+#undef CN_DELTA_LO
 #undef XT
 #undef PT
 #undef AT
