@@ -118,6 +118,46 @@ CN_INLINE void FN(chunk_moments)(const XT *x, int64_t n, AT pivot, const int cen
         return;
     }
     {
+        /* One pass about a chunk pivot Pc, the mean of the chunk's first VL
+         * elements: s = sum (x - Pc), q = sum (x - Pc)^2, m2 = q - s^2/n. Pc
+         * typically lies within a fraction of a standard deviation of the chunk
+         * mean, so the subtraction loses almost nothing; when it does not
+         * (3 s^2 > n q: Pc further than sqrt(1/2) std from the mean, where
+         * cancellation could cost more than a factor 1.5), or anything is not
+         * finite, the chunk is redone by the corrected two-pass below. Which
+         * branch a chunk takes depends only on its data. */
+        const int64_t np = n < VL ? n : VL;
+        const AT pc = (AT)((double)VOP(hsum)(XLDN(x, np)) / (double)np);
+        if (isfinite(pc)) {
+            V PC = VOP(set1)(pc);
+            V s0 = z, s1 = z, s2 = z, s3 = z, q0 = z, q1 = z, q2 = z, q3 = z;
+            for (j = 0; j + 4 * VL <= n; j += 4 * VL) {
+                cn_prefetch(x + n + j);
+                cn_prefetch(x + n + j + 2 * VL);
+                V e0 = VOP(sub)(XLD(x + j), PC), e1 = VOP(sub)(XLD(x + j + VL), PC);
+                V e2 = VOP(sub)(XLD(x + j + 2 * VL), PC), e3 = VOP(sub)(XLD(x + j + 3 * VL), PC);
+                s0 = VOP(add)(s0, e0); s1 = VOP(add)(s1, e1); s2 = VOP(add)(s2, e2); s3 = VOP(add)(s3, e3);
+                q0 = VOP(fmadd)(e0, e0, q0); q1 = VOP(fmadd)(e1, e1, q1);
+                q2 = VOP(fmadd)(e2, e2, q2); q3 = VOP(fmadd)(e3, e3, q3);
+            }
+            for (; j + VL <= n; j += VL) {
+                V e = VOP(sub)(XLD(x + j), PC);
+                s0 = VOP(add)(s0, e); q0 = VOP(fmadd)(e, e, q0);
+            }
+            if (j < n) {
+                V e = VOP(keepn)(VOP(sub)(XLDN(x + j, n - j), PC), n - j);
+                s1 = VOP(add)(s1, e); q1 = VOP(fmadd)(e, e, q1);
+            }
+            double ss = (double)VOP(hsum)(VOP(add)(VOP(add)(s0, s1), VOP(add)(s2, s3)));
+            double qs = (double)VOP(hsum)(VOP(add)(VOP(add)(q0, q1), VOP(add)(q2, q3)));
+            if (isfinite(ss) && isfinite(qs) && 3.0 * ss * ss <= (double)n * qs) {
+                m->delta = ((double)pc - (double)pivot) + ss / (double)n;
+                m->m2 = qs - ss * ss / (double)n;
+                return;
+            }
+        }
+    }
+    {
         V P = VOP(set1)(pivot);
         V a0 = z, a1 = z, a2 = z, a3 = z;
         for (j = 0; j + 4 * VL <= n; j += 4 * VL) {
@@ -164,23 +204,30 @@ CN_INLINE void FN(chunk_moments)(const XT *x, int64_t n, AT pivot, const int cen
 
 /* ---------------------------------------------------- forward: normalize -- */
 
-/* delta = mean - P as two accumulator-type terms, hi + lo: y near the mean
- * comes from cancellation in (x - P) - delta, where hi alone would leave an
- * absolute error of half an ulp of delta (bf16 results then misround). */
-#define CN_DELTA_LO(d) ((AT)((d) - (double)(AT)(d)))
+/* The mean (pivot + delta, in double) as two accumulator-type terms, hi + lo:
+ * y near the mean comes from cancellation in x - hi, exact or rounded relative
+ * to the deviation itself; lo carries what hi alone would lose (half an ulp of
+ * the mean -- bf16 results would misround). */
+CN_INLINE void FN(split_mean)(double pivot, double delta, AT *hi, AT *lo)
+{
+    double m = pivot + delta;
+    double err = (pivot - (m - (m - pivot))) + (delta - (m - pivot));   /* TwoSum: m + err == pivot + delta */
+    *hi = (AT)m;
+    *lo = (AT)((m - (double)*hi) + err);
+}
 
-/* y = (((x - P) - delta) * rstd - delta_lo * rstd) * w + b  (one fma; RMSNorm: y = x * rstd * w).
+/* y = ((x - mean_hi) * rstd - mean_lo * rstd) * w + b  (one fma; RMSNorm: y = x * rstd * w).
  * stream: write the aligned middle with non-temporal stores. */
-CN_INLINE void FN(apply_impl)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, AT pivot, AT delta, AT delta_lo,
+CN_INLINE void FN(apply_impl)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, AT mean_hi, AT mean_lo,
                               AT rstd, const int center, const int has_w, const int has_b, const int stream,
                               const XT *pf, int64_t npf)
 {
-    V P = VOP(set1)(pivot), D = VOP(set1)(delta), R = VOP(set1)(rstd), LR = VOP(set1)(-delta_lo * rstd);
+    V MH = VOP(set1)(mean_hi), R = VOP(set1)(rstd), LR = VOP(set1)(-mean_lo * rstd);
     int64_t j = 0, head = stream ? FN(stream_peel)(y, n) : 0;
 #define CN_APPLY(J, T, LDX, LDP, STORE)                                                  \
     {                                                                                    \
         V v = LDX(x + (J), T);                                                           \
-        v = center ? VOP(fmadd)(VOP(sub)(VOP(sub)(v, P), D), R, LR) : VOP(mul)(v, R);    \
+        v = center ? VOP(fmadd)(VOP(sub)(v, MH), R, LR) : VOP(mul)(v, R);                \
         if (has_w && has_b) v = VOP(fmadd)(v, LDP(w + (J), T), LDP(b + (J), T));         \
         else if (has_w) v = VOP(mul)(v, LDP(w + (J), T));                                \
         else if (has_b) v = VOP(add)(v, LDP(b + (J), T));                                \
@@ -219,11 +266,12 @@ CN_INLINE void FN(apply_impl)(const XT *x, XT *y, const PT *w, const PT *b, int6
 static void FN(apply)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, AT pivot, double delta, AT rstd,
                       int center, int stream, const XT *pf, int64_t npf)
 {
-    const AT hi = (AT)delta, lo = CN_DELTA_LO(delta);
+    AT hi, lo;
+    FN(split_mean)((double)pivot, delta, &hi, &lo);
     /* one specialised loop per (center, weight?, bias?, stream?): no branches in the hot loop */
 #define CN_A(C, W, B) \
-    (stream ? FN(apply_impl)(x, y, w, b, n, pivot, hi, lo, rstd, C, W, B, 1, pf, npf) \
-            : FN(apply_impl)(x, y, w, b, n, pivot, hi, lo, rstd, C, W, B, 0, pf, npf))
+    (stream ? FN(apply_impl)(x, y, w, b, n, hi, lo, rstd, C, W, B, 1, pf, npf) \
+            : FN(apply_impl)(x, y, w, b, n, hi, lo, rstd, C, W, B, 0, pf, npf))
     if (center) {
         if (w && b) CN_A(1, 1, 1);
         else if (w) CN_A(1, 1, 0);
@@ -450,14 +498,15 @@ CN_INLINE void FN(fwd_small_block)(const cn_fwd_args *a, int64_t r0, const int64
             FN(fwd_rescue)(a, r0 + i);
             continue;
         }
-        AT rs = (AT)rstd[i], delta = (AT)dd[i], delta_lo = CN_DELTA_LO(dd[i]);
-        if (a->mean) ((AT *)a->mean)[r0 + i] = (AT)((double)pv[i] + dd[i]);
+        AT rs = (AT)rstd[i], mean_hi, mean_lo;
+        FN(split_mean)((double)pv[i], dd[i], &mean_hi, &mean_lo);
+        if (a->mean) ((AT *)a->mean)[r0 + i] = mean_hi;
         ((AT *)a->rstd)[r0 + i] = rs;
-        V P = VOP(set1)(pv[i]), D = VOP(set1)(delta), Rv = VOP(set1)(rs), LR = VOP(set1)(-delta_lo * rs);
+        V MH = VOP(set1)(mean_hi), Rv = VOP(set1)(rs), LR = VOP(set1)(-mean_lo * rs);
         V v[8];
         CN_ROW_RELOAD(v, x, i);
         CN_UNROLL for (k = 0; k < NV; k++) {
-            V e = center ? VOP(fmadd)(VOP(sub)(VOP(sub)(v[k], P), D), Rv, LR) : VOP(mul)(v[k], Rv);
+            V e = center ? VOP(fmadd)(VOP(sub)(v[k], MH), Rv, LR) : VOP(mul)(v[k], Rv);
             V o = VOP(fmadd)(e, wv[k], bv[k]);
             if (k < NV - 1 || tail == VL) XST(y + k * VL, o);
             else XSTN(y + k * VL, o, tail);
@@ -941,7 +990,6 @@ static const cn_ops FN(cn_ops) = {
 #undef SMALL_BLOCK
 #undef STREAM_ALIGN
 #undef TINY_VAR
-#undef CN_DELTA_LO
 #undef XT
 #undef PT
 #undef AT
