@@ -43,11 +43,14 @@ enum {
 #ifndef CN_LONG_ROW_BYTES
 #define CN_LONG_ROW_BYTES (64 << 10)
 #endif
+#ifndef CN_LONG_GROUP
+#define CN_LONG_GROUP 4   /* at most 4 */
+#endif
 #ifndef CN_APPLY_CHUNK
 #define CN_APPLY_CHUNK 2048
 #endif
 #ifndef CN_BWD_GROUP_BYTES
-#define CN_BWD_GROUP_BYTES (64 << 10)
+#define CN_BWD_GROUP_BYTES (256 << 10)
 #endif
 
 typedef struct {

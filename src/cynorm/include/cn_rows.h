@@ -96,67 +96,37 @@ typedef CN_AT FN(at);
 
 /* -------------------------------------------------------- forward: stats -- */
 
-/* Moments of x[0:n] relative to pivot P, two passes over data already in L1.
- * LayerNorm: delta = mean - P (corrected two-pass), m2 = sum (x - mean)^2.
- * RMSNorm:   delta = 0, m2 = sum x^2. */
-CN_INLINE void FN(chunk_moments)(const XT *x, int64_t n, AT pivot, const int center, cn_moments *m)
+/* Moments of a chunk from its one-pass sums about pivot pc, s = sum (x - pc)
+ * and q = sum (x - pc)^2: m2 = q - s^2/n. pc is the mean of the chunk's first
+ * VL elements, which typically lies within a fraction of a standard deviation
+ * of the chunk mean, so the subtraction loses almost nothing. Refused (0) when
+ * pc is further than sqrt(1/2) std from the mean (3 s^2 > n q: cancellation
+ * could cost more than a factor 1.5) or anything is not finite; the caller
+ * then uses the corrected two-pass. Which way a chunk goes depends only on
+ * its own data. delta is relative to the row pivot P. */
+CN_INLINE int FN(onepass_moments)(double pc, double s, double q, double n, AT pivot, cn_moments *m)
+{
+    if (!(isfinite(pc) && isfinite(s) && isfinite(q) && 3.0 * s * s <= n * q)) return 0;
+    m->n = n;
+    m->delta = (pc - (double)pivot) + s / n;
+    m->m2 = q - s * s / n;
+    return 1;
+}
+
+/* The mean of the first min(n, VL) elements: the one-pass pivot (see above). */
+CN_INLINE AT FN(head_mean)(const XT *x, int64_t n)
+{
+    const int64_t np = n < VL ? n : VL;
+    return (AT)((double)VOP(hsum)(XLDN(x, np)) / (double)np);
+}
+
+/* Corrected two-pass moments of x[0:n] about pivot P, over data already in L1:
+ * delta = mean - P, m2 = sum (x - mean)^2. */
+CN_INLINE void FN(twopass_moments)(const XT *x, int64_t n, AT pivot, cn_moments *m)
 {
     int64_t j;
     V z = VOP(zero)();
     m->n = (double)n;
-    if (!center) {
-        V q0 = z, q1 = z, q2 = z, q3 = z;
-        for (j = 0; j + 4 * VL <= n; j += 4 * VL) {
-            V v0 = XLD(x + j), v1 = XLD(x + j + VL), v2 = XLD(x + j + 2 * VL), v3 = XLD(x + j + 3 * VL);
-            q0 = VOP(fmadd)(v0, v0, q0); q1 = VOP(fmadd)(v1, v1, q1);
-            q2 = VOP(fmadd)(v2, v2, q2); q3 = VOP(fmadd)(v3, v3, q3);
-        }
-        for (; j + VL <= n; j += VL) { V v = XLD(x + j); q0 = VOP(fmadd)(v, v, q0); }
-        if (j < n) { V v = XLDN(x + j, n - j); q1 = VOP(fmadd)(v, v, q1); }
-        m->delta = 0.0;
-        m->m2 = (double)VOP(hsum)(VOP(add)(VOP(add)(q0, q1), VOP(add)(q2, q3)));
-        return;
-    }
-    {
-        /* One pass about a chunk pivot Pc, the mean of the chunk's first VL
-         * elements: s = sum (x - Pc), q = sum (x - Pc)^2, m2 = q - s^2/n. Pc
-         * typically lies within a fraction of a standard deviation of the chunk
-         * mean, so the subtraction loses almost nothing; when it does not
-         * (3 s^2 > n q: Pc further than sqrt(1/2) std from the mean, where
-         * cancellation could cost more than a factor 1.5), or anything is not
-         * finite, the chunk is redone by the corrected two-pass below. Which
-         * branch a chunk takes depends only on its data. */
-        const int64_t np = n < VL ? n : VL;
-        const AT pc = (AT)((double)VOP(hsum)(XLDN(x, np)) / (double)np);
-        if (isfinite(pc)) {
-            V PC = VOP(set1)(pc);
-            V s0 = z, s1 = z, s2 = z, s3 = z, q0 = z, q1 = z, q2 = z, q3 = z;
-            for (j = 0; j + 4 * VL <= n; j += 4 * VL) {
-                cn_prefetch(x + n + j);
-                cn_prefetch(x + n + j + 2 * VL);
-                V e0 = VOP(sub)(XLD(x + j), PC), e1 = VOP(sub)(XLD(x + j + VL), PC);
-                V e2 = VOP(sub)(XLD(x + j + 2 * VL), PC), e3 = VOP(sub)(XLD(x + j + 3 * VL), PC);
-                s0 = VOP(add)(s0, e0); s1 = VOP(add)(s1, e1); s2 = VOP(add)(s2, e2); s3 = VOP(add)(s3, e3);
-                q0 = VOP(fmadd)(e0, e0, q0); q1 = VOP(fmadd)(e1, e1, q1);
-                q2 = VOP(fmadd)(e2, e2, q2); q3 = VOP(fmadd)(e3, e3, q3);
-            }
-            for (; j + VL <= n; j += VL) {
-                V e = VOP(sub)(XLD(x + j), PC);
-                s0 = VOP(add)(s0, e); q0 = VOP(fmadd)(e, e, q0);
-            }
-            if (j < n) {
-                V e = VOP(keepn)(VOP(sub)(XLDN(x + j, n - j), PC), n - j);
-                s1 = VOP(add)(s1, e); q1 = VOP(fmadd)(e, e, q1);
-            }
-            double ss = (double)VOP(hsum)(VOP(add)(VOP(add)(s0, s1), VOP(add)(s2, s3)));
-            double qs = (double)VOP(hsum)(VOP(add)(VOP(add)(q0, q1), VOP(add)(q2, q3)));
-            if (isfinite(ss) && isfinite(qs) && 3.0 * ss * ss <= (double)n * qs) {
-                m->delta = ((double)pc - (double)pivot) + ss / (double)n;
-                m->m2 = qs - ss * ss / (double)n;
-                return;
-            }
-        }
-    }
     {
         V P = VOP(set1)(pivot);
         V a0 = z, a1 = z, a2 = z, a3 = z;
@@ -200,6 +170,56 @@ CN_INLINE void FN(chunk_moments)(const XT *x, int64_t n, AT pivot, const int cen
         m->delta = isfinite(d) ? (double)d + cs / (double)n : (double)d;
         m->m2 = qs - cs * cs / (double)n;
     }
+}
+
+/* Moments of x[0:n]. LayerNorm: delta = mean - P, m2 = sum (x - mean)^2, in
+ * one pass where onepass_moments accepts it, else two. RMSNorm: delta = 0,
+ * m2 = sum x^2. */
+CN_INLINE void FN(chunk_moments)(const XT *x, int64_t n, AT pivot, const int center, cn_moments *m)
+{
+    int64_t j;
+    V z = VOP(zero)();
+    m->n = (double)n;
+    if (!center) {
+        V q0 = z, q1 = z, q2 = z, q3 = z;
+        for (j = 0; j + 4 * VL <= n; j += 4 * VL) {
+            V v0 = XLD(x + j), v1 = XLD(x + j + VL), v2 = XLD(x + j + 2 * VL), v3 = XLD(x + j + 3 * VL);
+            q0 = VOP(fmadd)(v0, v0, q0); q1 = VOP(fmadd)(v1, v1, q1);
+            q2 = VOP(fmadd)(v2, v2, q2); q3 = VOP(fmadd)(v3, v3, q3);
+        }
+        for (; j + VL <= n; j += VL) { V v = XLD(x + j); q0 = VOP(fmadd)(v, v, q0); }
+        if (j < n) { V v = XLDN(x + j, n - j); q1 = VOP(fmadd)(v, v, q1); }
+        m->delta = 0.0;
+        m->m2 = (double)VOP(hsum)(VOP(add)(VOP(add)(q0, q1), VOP(add)(q2, q3)));
+        return;
+    }
+    {
+        const AT pc = FN(head_mean)(x, n);
+        V PC = VOP(set1)(pc);
+        V s0 = z, s1 = z, s2 = z, s3 = z, q0 = z, q1 = z, q2 = z, q3 = z;
+        for (j = 0; j + 4 * VL <= n; j += 4 * VL) {
+            /* the next chunk: keeps DRAM busy through this chunk's hsums */
+            cn_prefetch(x + n + j);
+            cn_prefetch(x + n + j + 2 * VL);
+            V e0 = VOP(sub)(XLD(x + j), PC), e1 = VOP(sub)(XLD(x + j + VL), PC);
+            V e2 = VOP(sub)(XLD(x + j + 2 * VL), PC), e3 = VOP(sub)(XLD(x + j + 3 * VL), PC);
+            s0 = VOP(add)(s0, e0); s1 = VOP(add)(s1, e1); s2 = VOP(add)(s2, e2); s3 = VOP(add)(s3, e3);
+            q0 = VOP(fmadd)(e0, e0, q0); q1 = VOP(fmadd)(e1, e1, q1);
+            q2 = VOP(fmadd)(e2, e2, q2); q3 = VOP(fmadd)(e3, e3, q3);
+        }
+        for (; j + VL <= n; j += VL) {
+            V e = VOP(sub)(XLD(x + j), PC);
+            s0 = VOP(add)(s0, e); q0 = VOP(fmadd)(e, e, q0);
+        }
+        if (j < n) {
+            V e = VOP(keepn)(VOP(sub)(XLDN(x + j, n - j), PC), n - j);
+            s1 = VOP(add)(s1, e); q1 = VOP(fmadd)(e, e, q1);
+        }
+        double ss = (double)VOP(hsum)(VOP(add)(VOP(add)(s0, s1), VOP(add)(s2, s3)));
+        double qs = (double)VOP(hsum)(VOP(add)(VOP(add)(q0, q1), VOP(add)(q2, q3)));
+        if (FN(onepass_moments)((double)pc, ss, qs, (double)n, pivot, m)) return;
+    }
+    FN(twopass_moments)(x, n, pivot, m);
 }
 
 /* ---------------------------------------------------- forward: normalize -- */
@@ -419,6 +439,17 @@ static void FN(fwd_apply)(const cn_fwd_args *a, int64_t r, int64_t nrows, int64_
  * never depends on the block it falls in. */
 #define SMALL_BLOCK 16
 
+/* out[i] = the lane sum of a[i] for i < nrows (<= SMALL_BLOCK), VL vectors per
+ * transpose-and-add tree (cn_simd.h); a[nrows..] are zeroed first. out[i]
+ * depends on a[i] alone, never on the other rows or on nrows. */
+CN_INLINE void FN(hsum_rows)(V *a, int64_t nrows, AT *out)
+{
+    for (int64_t g = 0; g < nrows; g += VL) {
+        for (int64_t i = nrows; i < g + VL; i++) a[i] = VOP(zero)();
+        VOP(hsum_lanes)(a + g, out + g);
+    }
+}
+
 CN_INLINE void FN(fwd_small_block)(const cn_fwd_args *a, int64_t r0, const int64_t nrows, const int NV,
                                    const int center, const V *wv, const V *bv, double inv_n)
 {
@@ -567,8 +598,8 @@ static void FN(fwd_rows)(const cn_fwd_args *a, int64_t r0, int64_t r1)
     const PT *W = (const PT *)a->w, *B = (const PT *)a->b;
     cn_row_stats st[4];
     if (row_bytes > CN_LONG_ROW_BYTES) {
-        for (int64_t r = r0; r < r1; r += 4) {
-            const int64_t nb = r1 - r < 4 ? r1 - r : 4;
+        for (int64_t r = r0; r < r1; r += CN_LONG_GROUP) {
+            const int64_t nb = r1 - r < CN_LONG_GROUP ? r1 - r : CN_LONG_GROUP;
             for (int64_t i = 0; i < nb; i++) FN(fwd_row_stats)(a, r + i, &st[i]);
             for (int64_t c0 = 0; c0 < N; c0 += CN_APPLY_CHUNK)
                 FN(fwd_apply)(a, r, nb, c0, c0 + CN_APPLY_CHUNK < N ? c0 + CN_APPLY_CHUNK : N, st);
@@ -845,6 +876,7 @@ CN_INLINE void FN(bwd_small_block)(const cn_bwd_args *a, int64_t r0, const int64
     CN_SMALL_LOAD(dyv, DY + i * N, k);                                                          \
     CN_SMALL_XHAT(h, xv, k);                                                                    \
     V g = VOP(mul)(dyv, wv[k])
+    V acc1[SMALL_BLOCK], acc2[SMALL_BLOCK];
     for (i = 0; i < nrows; i++) {
         V Mv = VOP(set1)(center ? MEAN[r0 + i] : (AT)0), Rv = VOP(set1)(RSTD[r0 + i]);
         V s1 = VOP(zero)(), s2 = VOP(zero)();
@@ -853,8 +885,14 @@ CN_INLINE void FN(bwd_small_block)(const cn_bwd_args *a, int64_t r0, const int64
             s1 = VOP(add)(s1, g);
             s2 = VOP(fmadd)(g, h, s2);
         }
-        c1[i] = center ? (AT)((double)VOP(hsum)(s1) * inv_n) : (AT)0;
-        c2[i] = (AT)((double)VOP(hsum)(s2) * inv_n);
+        acc1[i] = s1;
+        acc2[i] = s2;
+    }
+    if (center) FN(hsum_rows)(acc1, nrows, c1);
+    FN(hsum_rows)(acc2, nrows, c2);
+    for (i = 0; i < nrows; i++) {
+        c1[i] = center ? (AT)((double)c1[i] * inv_n) : (AT)0;
+        c2[i] = (AT)((double)c2[i] * inv_n);
     }
     for (i = 0; i < nrows; i++) {
         V Mv = VOP(set1)(center ? MEAN[r0 + i] : (AT)0), Rv = VOP(set1)(RSTD[r0 + i]);

@@ -217,6 +217,42 @@ CN_INLINE double cn_vd_hsum(cn_vd v)
     __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
     return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
 }
+
+/* out[i] = the sum of the lanes of a[i], for LANES vectors at once: a
+ * transpose-and-add tree (about 3 operations per vector instead of a whole
+ * reduction each). Every vector's lanes are added in the same order, whatever
+ * its slot, and never mixed with another vector's, so out[i] depends on a[i]
+ * alone. */
+CN_INLINE void cn_vf_hsum_lanes(const cn_vf *a, float *out)
+{
+    __m512 u[8], v[4], t[2], f;
+    for (int j = 0; j < 8; j++)   /* 256-bit halves: lanes 0-7 <- a[2j], 8-15 <- a[2j+1] */
+        u[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0x44),
+                             _mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0xEE));
+    for (int j = 0; j < 4; j++)   /* 128-bit lane k <- vector 4j + k */
+        v[j] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * j], u[2 * j + 1], 0x88),
+                             _mm512_shuffle_f32x4(u[2 * j], u[2 * j + 1], 0xDD));
+    for (int j = 0; j < 2; j++)   /* 128-bit lane k: [8j + k (2 sums), 8j + 4 + k (2 sums)] */
+        t[j] = _mm512_add_ps(_mm512_shuffle_ps(v[2 * j], v[2 * j + 1], 0x44),
+                             _mm512_shuffle_ps(v[2 * j], v[2 * j + 1], 0xEE));
+    f = _mm512_add_ps(_mm512_shuffle_ps(t[0], t[1], 0x88), _mm512_shuffle_ps(t[0], t[1], 0xDD));
+    /* element 4k + p holds vector 4p + k: put them in order */
+    _mm512_storeu_ps(out, _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), f));
+}
+CN_INLINE void cn_vd_hsum_lanes(const cn_vd *a, double *out)
+{
+    __m512d u[4], v[2], f;
+    double buf[8];
+    for (int j = 0; j < 4; j++)   /* lanes 0-3 <- a[2j], 4-7 <- a[2j+1] */
+        u[j] = _mm512_add_pd(_mm512_shuffle_f64x2(a[2 * j], a[2 * j + 1], 0x44),
+                             _mm512_shuffle_f64x2(a[2 * j], a[2 * j + 1], 0xEE));
+    for (int j = 0; j < 2; j++)   /* 128-bit lane k <- vector 4j + k */
+        v[j] = _mm512_add_pd(_mm512_shuffle_f64x2(u[2 * j], u[2 * j + 1], 0x88),
+                             _mm512_shuffle_f64x2(u[2 * j], u[2 * j + 1], 0xDD));
+    f = _mm512_add_pd(_mm512_unpacklo_pd(v[0], v[1]), _mm512_unpackhi_pd(v[0], v[1]));
+    _mm512_storeu_pd(buf, f);     /* element 2k + p holds vector 4p + k */
+    for (int i = 0; i < 8; i++) out[i] = buf[2 * (i & 3) + (i >> 2)];
+}
 CN_INLINE cn_vd cn_vd_load_f64(const double *p) { return _mm512_loadu_pd(p); }
 CN_INLINE cn_vd cn_vd_loadn_f64(const double *p, int64_t n) { return _mm512_maskz_loadu_pd(cn_mask8(n), p); }
 CN_INLINE void cn_vd_store_f64(double *p, cn_vd v) { _mm512_storeu_pd(p, v); }
@@ -318,6 +354,33 @@ CN_INLINE double cn_vd_hsum(cn_vd v)
     __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
     return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
 }
+
+/* out[i] = the sum of the lanes of a[i], LANES vectors at once (see the AVX-512 version) */
+CN_INLINE void cn_vf_hsum_lanes(const cn_vf *a, float *out)
+{
+    __m256 u[4], t[2], f;
+    float buf[8];
+    for (int j = 0; j < 4; j++)   /* 128-bit halves: lanes 0-3 <- a[2j], 4-7 <- a[2j+1] */
+        u[j] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * j], a[2 * j + 1], 0x20),
+                             _mm256_permute2f128_ps(a[2 * j], a[2 * j + 1], 0x31));
+    for (int j = 0; j < 2; j++)   /* half h: [4j + h (2 sums), 4j + 2 + h (2 sums)] */
+        t[j] = _mm256_add_ps(_mm256_shuffle_ps(u[2 * j], u[2 * j + 1], 0x44),
+                             _mm256_shuffle_ps(u[2 * j], u[2 * j + 1], 0xEE));
+    f = _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], 0x88), _mm256_shuffle_ps(t[0], t[1], 0xDD));
+    _mm256_storeu_ps(buf, f);     /* element 4h + p holds vector 2p + h */
+    for (int i = 0; i < 8; i++) out[i] = buf[4 * (i & 1) + (i >> 1)];
+}
+CN_INLINE void cn_vd_hsum_lanes(const cn_vd *a, double *out)
+{
+    __m256d u[2], f;
+    double buf[4];
+    for (int j = 0; j < 2; j++)   /* halves: lanes 0-1 <- a[2j], 2-3 <- a[2j+1] */
+        u[j] = _mm256_add_pd(_mm256_permute2f128_pd(a[2 * j], a[2 * j + 1], 0x20),
+                             _mm256_permute2f128_pd(a[2 * j], a[2 * j + 1], 0x31));
+    f = _mm256_add_pd(_mm256_unpacklo_pd(u[0], u[1]), _mm256_unpackhi_pd(u[0], u[1]));
+    _mm256_storeu_pd(buf, f);     /* element 2h + p holds vector 2p + h */
+    for (int i = 0; i < 4; i++) out[i] = buf[2 * (i & 1) + (i >> 1)];
+}
 CN_INLINE cn_vd cn_vd_load_f64(const double *p) { return _mm256_loadu_pd(p); }
 CN_INLINE cn_vd cn_vd_loadn_f64(const double *p, int64_t n) { return _mm256_maskload_pd(p, cn_mask64(n)); }
 CN_INLINE void cn_vd_store_f64(double *p, cn_vd v) { _mm256_storeu_pd(p, v); }
@@ -353,6 +416,9 @@ CN_INLINE float cn_vf_hsum(cn_vf a)
     return ((a.v[0] + a.v[4]) + (a.v[2] + a.v[6])) + ((a.v[1] + a.v[5]) + (a.v[3] + a.v[7]));
 }
 CN_INLINE double cn_vd_hsum(cn_vd a) { return (a.v[0] + a.v[2]) + (a.v[1] + a.v[3]); }
+/* out[i] = the sum of the lanes of a[i], for LANES vectors */
+CN_INLINE void cn_vf_hsum_lanes(const cn_vf *a, float *out) { for (int i = 0; i < CN_VF_LANES; i++) out[i] = cn_vf_hsum(a[i]); }
+CN_INLINE void cn_vd_hsum_lanes(const cn_vd *a, double *out) { for (int i = 0; i < CN_VD_LANES; i++) out[i] = cn_vd_hsum(a[i]); }
 
 /* load/store between lanes V of scalar S and storage T through converters TO/FROM.
  * Left to the compiler to inline: forcing the bit-twiddling f16 converters
