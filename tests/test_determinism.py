@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import cynorm
+from cynorm import _isa
 from conftest import PAIRS, make_inputs
 
 # in-register rows, short rows, chunked rows, row blocks, few huge rows (team path)
@@ -41,3 +42,28 @@ def test_default_thread_count_is_deterministic_too(rng):
     x, dy, w, b = make_inputs(rng, (256, 4096), 1, PAIRS[3].values[0])
     for g, e in zip(_run("layer", x, dy, w, b, None), _run("layer", x, dy, w, b, 1)):
         assert np.array_equal(g, e)
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("pair", PAIRS)
+def test_large_output_paths_change_no_bit(isa_level, pair, norm, rng, force_parallel):
+    """Streaming stores, page population and out= vs fresh outputs are memory
+    traffic only: the same bits as the plain path, at 1 and 3 threads."""
+    cases = [(make_inputs(rng, shape, 1, pair), shape) for shape in SHAPES]
+    want = {(shape, T): _run(norm, x, dy, w, b, T) for (x, dy, w, b), shape in cases for T in (1, 3)}
+    old = _isa.kernels._policy("stream_min_bytes", 0)
+    try:
+        for (x, dy, w, b), shape in cases:
+            for T in (1, 3):
+                got = _run(norm, x, dy, w, b, T)
+                for i, (g, e) in enumerate(zip(got, want[(shape, T)])):
+                    assert np.array_equal(g, e), f"{shape} T={T}: output {i} differs when streamed"
+                # into preallocated (not fresh) outputs
+                out = np.empty_like(x)
+                if norm == "layer":
+                    y = cynorm.layer_norm(x, w, b, num_threads=T, out=out)
+                else:
+                    y = cynorm.rms_norm(x, w, num_threads=T, out=out)
+                assert y is out and np.array_equal(out.view(np.uint8), want[(shape, T)][0])
+    finally:
+        _isa.kernels._policy("stream_min_bytes", old)

@@ -208,7 +208,7 @@ def _forward(x, weight, bias, axis, eps, num_threads, out, center, want_stats):
     mean = _empty(stat_shape, pair.stat) if (center and want_stats) else None
     rstd = _empty(stat_shape, pair.stat)
     if M:
-        _isa.kernels.forward(pair.code, center, x, y, weight, bias, mean, rstd, M, N, eps, T)
+        _isa.kernels.forward(pair.code, center, x, y, weight, bias, mean, rstd, M, N, eps, T, out is None)
     return y, mean, rstd
 
 
@@ -239,7 +239,7 @@ def _backward(dy, x, mean, rstd, weight, axis, num_threads, out, center):
     else:
         dweight = dbias = None
     if M:
-        _isa.kernels.backward(pair.code, center, dy, x, mean, rstd, weight, dx, dweight, dbias, M, N, T)
+        _isa.kernels.backward(pair.code, center, dy, x, mean, rstd, weight, dx, dweight, dbias, M, N, T, out is None)
     return dx, dweight, dbias
 
 

@@ -43,6 +43,7 @@ cdef extern from "cn_scratch.h" nogil:
     # per-thread buffers kept between calls (slot 0: widened params, 1: fp32
     # totals of 16-bit param grads, 2: block partials)
     void *cn_scratch_get(int slot, size_t nbytes)
+    void cn_populate_write(void *dst, size_t nbytes)
     void cn_scratch_put(int slot, void *p)
 
 
@@ -62,6 +63,7 @@ cdef extern from "cn_kernels.h" nogil:
         double eps
         int center
         int stream
+        int populate
 
     ctypedef struct cn_bwd_args:
         const void *dy
@@ -74,6 +76,7 @@ cdef extern from "cn_kernels.h" nogil:
         int64_t N
         int center
         int stream
+        int populate
 
     ctypedef struct cn_moments:
         double n
@@ -201,6 +204,10 @@ cdef int _forward_team(const cn_ops *ops, const cn_fwd_args *a, int T) noexcept 
         g0 = 0
         while g0 < M:
             g1 = _min(M, g0 + G)
+            if a.populate:   # each thread faults in its share of the group's output first
+                for t in prange(T, schedule='static'):
+                    cn_populate_write(<char *>a.y + (g0 * N + ((g1 - g0) * N * t) // T) * ops.x_size,
+                                      (((g1 - g0) * N * (t + 1)) // T - ((g1 - g0) * N * t) // T) * ops.x_size)
             for t in prange((g1 - g0) * nc, schedule='static'):
                 i = t // nc
                 c = t - i * nc
@@ -281,6 +288,10 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t 
             s0 = r0
             while s0 < r1:
                 s1 = _min(r1, s0 + S)
+                if a.populate:   # each thread faults in its share of the group's dx first
+                    for t in prange(T, schedule='static'):
+                        cn_populate_write(<char *>a.dx + (s0 * N + ((s1 - s0) * N * t) // T) * ops.x_size,
+                                          (((s1 - s0) * N * (t + 1)) // T - ((s1 - s0) * N * t) // T) * ops.x_size)
                 npairs = (s1 - s0 + 1) // 2
                 for t in prange(npairs * nc, schedule='static'):
                     i = t // nc
@@ -411,10 +422,12 @@ cdef void _narrow(int half, const float *src, void *dst, int64_t n) noexcept nog
 
 
 def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, object bias,
-            object mean, cnp.ndarray rstd, int64_t M, int64_t N, double eps, int num_threads):
+            object mean, cnp.ndarray rstd, int64_t M, int64_t N, double eps, int num_threads,
+            bint fresh=False):
     """Normalize the M rows of N elements of x into y; write mean (if given) and rstd.
 
-    All arrays are C-contiguous with the dtypes of `pair` (checked by the caller)."""
+    All arrays are C-contiguous with the dtypes of `pair` (checked by the caller).
+    fresh: y was just allocated (its pages are not yet faulted in)."""
     cdef const cn_ops *ops = cn_get_ops(pair)
     if ops == NULL:
         raise ValueError(f"unknown kernel pair {pair}")
@@ -434,6 +447,7 @@ def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, 
     a.eps = eps
     a.center = center
     a.stream = M * N * ops.x_size >= STREAM_MIN_BYTES
+    a.populate = a.stream and fresh   # see cn_populate_write
     cdef int rc = 0
     cdef int T
     with nogil:
@@ -459,8 +473,9 @@ def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, 
 
 def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, object rstd,
              object weight, cnp.ndarray dx, object dweight, object dbias,
-             int64_t M, int64_t N, int num_threads):
-    """dx for M rows of N elements; dweight/dbias (param dtype) when given."""
+             int64_t M, int64_t N, int num_threads, bint fresh=False):
+    """dx for M rows of N elements; dweight/dbias (param dtype) when given.
+    fresh: dx was just allocated."""
     cdef const cn_ops *ops = cn_get_ops(pair)
     if ops == NULL:
         raise ValueError(f"unknown kernel pair {pair}")
@@ -479,6 +494,7 @@ def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, 
     a.N = N
     a.center = center
     a.stream = M * N * ops.x_size >= STREAM_MIN_BYTES
+    a.populate = a.stream and fresh
     cdef int k = 0
     if dweight is not None:
         k = 2 if dbias is not None else 1

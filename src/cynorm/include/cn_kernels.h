@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stddef.h>
 #include "cn_simd.h"
+#include "cn_scratch.h"
 
 /* Pair codes; the Python dtype layer (_dtypes.py) uses the same numbers. */
 enum {
@@ -49,6 +50,10 @@ enum {
 #ifndef CN_APPLY_CHUNK
 #define CN_APPLY_CHUNK 2048
 #endif
+/* Fresh outputs of short rows are faulted in slabs of this many bytes. */
+#ifndef CN_POPULATE_BYTES
+#define CN_POPULATE_BYTES (1 << 20)
+#endif
 #ifndef CN_BWD_GROUP_BYTES
 #define CN_BWD_GROUP_BYTES (256 << 10)
 #endif
@@ -62,6 +67,7 @@ typedef struct {
     double eps;
     int center;          /* 1: LayerNorm, 0: RMSNorm */
     int stream;          /* write y with non-temporal stores (large outputs) */
+    int populate;        /* y is fresh: fault in each long-row group's pages first (cn_populate_write) */
 } cn_fwd_args;
 
 typedef struct {
@@ -70,6 +76,7 @@ typedef struct {
     int64_t M, N;
     int center;
     int stream;          /* write dx with non-temporal stores (large outputs) */
+    int populate;        /* dx is fresh: fault in each row group's pages first (cn_populate_write) */
 } cn_bwd_args;
 
 /* Moments of a run of elements relative to the row's pivot P (its first

@@ -593,13 +593,31 @@ CN_INLINE void FN(fwd_row_stats)(const cn_fwd_args *a, int64_t r, cn_row_stats *
 static void FN(fwd_rows)(const cn_fwd_args *a, int64_t r0, int64_t r1)
 {
     const int64_t N = a->N;
-    if (N <= SMALL_MAX) { FN(fwd_small)(a, r0, r1); return; }
     const int64_t row_bytes = N * (int64_t)sizeof(XT);
+    if (a->populate && row_bytes <= CN_LONG_ROW_BYTES) {
+        /* fresh output: fault in ~1 MB slabs just before they are written
+         * (long rows do it per group, below); rows never depend on the slab */
+        const int64_t slab = row_bytes >= CN_POPULATE_BYTES ? 1 : CN_POPULATE_BYTES / row_bytes;
+        cn_fwd_args b = *a;
+        b.populate = 0;
+        for (int64_t r = r0; r < r1; r += slab) {
+            const int64_t e = r1 - r < slab ? r1 : r + slab;
+            cn_populate_write((XT *)a->y + r * N, (size_t)((e - r) * N) * sizeof(XT));
+            FN(fwd_rows)(&b, r, e);
+        }
+        return;
+    }
+    if (N <= SMALL_MAX) {
+        FN(fwd_small)(a, r0, r1);
+        if (a->stream) cn_stream_fence();
+        return;
+    }
     const PT *W = (const PT *)a->w, *B = (const PT *)a->b;
     cn_row_stats st[4];
     if (row_bytes > CN_LONG_ROW_BYTES) {
         for (int64_t r = r0; r < r1; r += CN_LONG_GROUP) {
             const int64_t nb = r1 - r < CN_LONG_GROUP ? r1 - r : CN_LONG_GROUP;
+            if (a->populate) cn_populate_write((XT *)a->y + r * N, (size_t)(nb * N) * sizeof(XT));
             for (int64_t i = 0; i < nb; i++) FN(fwd_row_stats)(a, r + i, &st[i]);
             for (int64_t c0 = 0; c0 < N; c0 += CN_APPLY_CHUNK)
                 FN(fwd_apply)(a, r, nb, c0, c0 + CN_APPLY_CHUNK < N ? c0 + CN_APPLY_CHUNK : N, st);
@@ -953,6 +971,8 @@ static void FN(bwd_rows)(const cn_bwd_args *a, int64_t r0, int64_t r1, void *dwp
     const int64_t N = a->N;
     if (!a->center) dbp = NULL;
     if (!a->w) dwp = dbp = NULL;
+    /* fresh dx: fault in the block's pages before its rows are read (see cn_populate_write) */
+    if (a->populate) cn_populate_write((XT *)a->dx + r0 * N, (size_t)((r1 - r0) * N) * sizeof(XT));
     if (N <= SMALL_MAX) { FN(bwd_small)(a, r0, r1, (AT *)dwp, (AT *)dbp); return; }
     const int64_t pair_bytes = 2 * N * (int64_t)sizeof(XT);   /* x and dy of one row */
     const int RB = pair_bytes * 4 <= CN_BWD_GROUP_BYTES ? 4 : pair_bytes * 2 <= CN_BWD_GROUP_BYTES ? 2 : 1;
