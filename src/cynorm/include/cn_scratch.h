@@ -27,6 +27,8 @@
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
+/* (glibc declares it only under _DEFAULT_SOURCE; a strict -std=c11 unit may not have it) */
+extern int madvise(void *addr, size_t len, int advice);
 static inline void cn_populate_write(void *dst, size_t bytes)
 {
     uintptr_t a = (uintptr_t)dst & ~(uintptr_t)4095, e = ((uintptr_t)dst + bytes + 4095) & ~(uintptr_t)4095;
