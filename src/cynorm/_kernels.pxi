@@ -179,6 +179,13 @@ cdef inline int64_t block_rows(int64_t M, int64_t N) noexcept nogil:
     return B if B > MIN_BLOCK_ROWS else MIN_BLOCK_ROWS
 
 
+cdef inline void _populate_share(char *base, int64_t first, int64_t count, int x_size, int64_t t,
+                                 int64_t T) noexcept nogil:
+    """Thread t's share (1/T) of elements [first, first + count) of a fresh output: fault it in."""
+    cdef int64_t lo = first + (count * t) // T, hi = first + (count * (t + 1)) // T
+    cn_populate_write(base + lo * x_size, (hi - lo) * x_size)
+
+
 # ---------------------------------------------------------------- forward --
 
 cdef int _forward_team(const cn_ops *ops, const cn_fwd_args *a, int T) noexcept nogil:
@@ -206,8 +213,7 @@ cdef int _forward_team(const cn_ops *ops, const cn_fwd_args *a, int T) noexcept 
             g1 = _min(M, g0 + G)
             if a.populate:   # each thread faults in its share of the group's output first
                 for t in prange(T, schedule='static'):
-                    cn_populate_write(<char *>a.y + (g0 * N + ((g1 - g0) * N * t) // T) * ops.x_size,
-                                      (((g1 - g0) * N * (t + 1)) // T - ((g1 - g0) * N * t) // T) * ops.x_size)
+                    _populate_share(<char *>a.y, g0 * N, (g1 - g0) * N, ops.x_size, t, T)
             for t in prange((g1 - g0) * nc, schedule='static'):
                 i = t // nc
                 c = t - i * nc
@@ -290,8 +296,7 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t 
                 s1 = _min(r1, s0 + S)
                 if a.populate:   # each thread faults in its share of the group's dx first
                     for t in prange(T, schedule='static'):
-                        cn_populate_write(<char *>a.dx + (s0 * N + ((s1 - s0) * N * t) // T) * ops.x_size,
-                                          (((s1 - s0) * N * (t + 1)) // T - ((s1 - s0) * N * t) // T) * ops.x_size)
+                        _populate_share(<char *>a.dx, s0 * N, (s1 - s0) * N, ops.x_size, t, T)
                 npairs = (s1 - s0 + 1) // 2
                 for t in prange(npairs * nc, schedule='static'):
                     i = t // nc

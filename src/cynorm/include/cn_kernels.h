@@ -44,8 +44,9 @@ enum {
 #ifndef CN_LONG_ROW_BYTES
 #define CN_LONG_ROW_BYTES (64 << 10)
 #endif
+/* ... taking that many long rows per group (their stats, then their chunks) */
 #ifndef CN_LONG_GROUP
-#define CN_LONG_GROUP 4   /* at most 4 */
+#define CN_LONG_GROUP 4
 #endif
 #ifndef CN_APPLY_CHUNK
 #define CN_APPLY_CHUNK 2048

@@ -607,13 +607,9 @@ static void FN(fwd_rows)(const cn_fwd_args *a, int64_t r0, int64_t r1)
         }
         return;
     }
-    if (N <= SMALL_MAX) {
-        FN(fwd_small)(a, r0, r1);
-        if (a->stream) cn_stream_fence();
-        return;
-    }
+    if (N <= SMALL_MAX) { FN(fwd_small)(a, r0, r1); return; }   /* (plain stores: no fence) */
     const PT *W = (const PT *)a->w, *B = (const PT *)a->b;
-    cn_row_stats st[4];
+    cn_row_stats st[CN_LONG_GROUP > 4 ? CN_LONG_GROUP : 4];   /* short rows: groups of up to 4 */
     if (row_bytes > CN_LONG_ROW_BYTES) {
         for (int64_t r = r0; r < r1; r += CN_LONG_GROUP) {
             const int64_t nb = r1 - r < CN_LONG_GROUP ? r1 - r : CN_LONG_GROUP;
