@@ -67,3 +67,23 @@ def test_large_output_paths_change_no_bit(isa_level, pair, norm, rng, force_para
                 assert y is out and np.array_equal(out.view(np.uint8), want[(shape, T)][0])
     finally:
         _isa.kernels._policy("stream_min_bytes", old)
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("pair", PAIRS)
+def test_long_rows_any_grouping(isa_level, pair, norm, rng, force_parallel):
+    """Rows whose dweight/dbias partials outgrow the cache (blocks of 64 rows,
+    two here): the same bits for any thread count and any row-group size of
+    the team path, including groups that split the rows taken four at a time."""
+    x, dy, w, b = make_inputs(rng, (70, 33000), 1, pair)
+    want = _run(norm, x, dy, w, b, 1)
+    k = _isa.kernels
+    for group_bytes in (None, 300 << 10, 900 << 10):
+        old = k._policy("team_group_bytes", group_bytes if group_bytes else -1)
+        try:
+            for T in (2, 3):
+                got = _run(norm, x, dy, w, b, T)
+                for i, (g, e) in enumerate(zip(got, want)):
+                    assert np.array_equal(g, e), f"group {group_bytes}, T={T}: output {i} differs"
+        finally:
+            k._policy("team_group_bytes", old)

@@ -43,7 +43,7 @@ def test_axes_and_no_weight(pair, axis, rng):
 
 @pytest.mark.parametrize("pair", PAIRS)
 def test_team_and_block_paths(pair, rng, force_parallel):
-    for shape in [(3, 9000), (200, 100), (130, 2100)]:
+    for shape in [(3, 9000), (200, 100), (130, 2100), (70, 33000)]:
         x, dy, w, _ = make_inputs(rng, shape, 1, pair)
         run_and_check(x, dy, w, axis=1, num_threads=3)
 

@@ -141,6 +141,12 @@ cdef int64_t STREAM_MIN_BYTES = 8 << 20
 cdef int64_t MAX_BLOCKS = 64
 cdef int64_t MIN_BLOCK_ROWS = 8
 cdef int64_t BLOCK_PARTIAL_ELEMS = 8 << 20
+# Rows whose two partials take more than LONG_PART_BYTES always go through the
+# team path, where every block costs one more pass over a row-sized partial
+# (read and written through L3 and DRAM): their blocks hold at least
+# LONG_MIN_BLOCK_ROWS rows. (A constant, not a policy: it sets the bits.)
+cdef int64_t LONG_PART_BYTES = 256 << 10
+cdef int64_t LONG_MIN_BLOCK_ROWS = 64
 
 
 cdef inline int64_t _min(int64_t a, int64_t b) noexcept nogil:
@@ -171,12 +177,13 @@ cdef inline int _threads_for(int64_t elems, int requested, int in_flight) noexce
     return <int>_min(requested, cap)
 
 
-cdef inline int64_t block_rows(int64_t M, int64_t N) noexcept nogil:
+cdef inline int64_t block_rows(int64_t M, int64_t N, int acc_size) noexcept nogil:
     cdef int64_t B = (M + MAX_BLOCKS - 1) // MAX_BLOCKS
     cdef int64_t by_size = (M * N + BLOCK_PARTIAL_ELEMS - 1) // BLOCK_PARTIAL_ELEMS
+    cdef int64_t least = LONG_MIN_BLOCK_ROWS if 2 * N * acc_size > LONG_PART_BYTES else MIN_BLOCK_ROWS
     if by_size > B:
         B = by_size
-    return B if B > MIN_BLOCK_ROWS else MIN_BLOCK_ROWS
+    return B if B > least else least
 
 
 cdef inline void _populate_share(char *base, int64_t first, int64_t count, int x_size, int64_t t,
@@ -368,7 +375,7 @@ cdef int _backward(const cn_ops *ops, const cn_bwd_args *a, int T, int k,
                    char *out_dw, char *out_db) noexcept nogil:
     """k = number of parameter grads (0, 1 = dweight, 2 = dweight and dbias)."""
     cdef int64_t M = a.M, N = a.N, c, K = CN_CHUNK
-    cdef int64_t B = block_rows(M, N)
+    cdef int64_t B = block_rows(M, N, ops.acc_size)
     cdef int64_t nb = (M + B - 1) // B
     cdef int64_t nc = (N + K - 1) // K
     cdef size_t part_bytes = N * ops.acc_size

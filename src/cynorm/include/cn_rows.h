@@ -458,6 +458,9 @@ CN_INLINE void FN(fwd_small_block)(const cn_fwd_args *a, int64_t r0, const int64
     XT *Y = (XT *)a->y + r0 * N;
     AT pv[SMALL_BLOCK], d[SMALL_BLOCK], s[SMALL_BLOCK], q[SMALL_BLOCK], c[SMALL_BLOCK];
     double dd[SMALL_BLOCK], m2[SMALL_BLOCK], rstd[SMALL_BLOCK];
+    /* LayerNorm's per-row sums, reduced a block at a time (cheaper than three
+     * reductions per row; RMSNorm's single one per row is faster as it is) */
+    V sv[SMALL_BLOCK], sqv[SMALL_BLOCK], sev[SMALL_BLOCK];
     int64_t i;
     int k;
     /* 16-bit rows are widened once, in pass 1, into this L1 buffer */
@@ -482,8 +485,9 @@ CN_INLINE void FN(fwd_small_block)(const cn_fwd_args *a, int64_t r0, const int64
             V P = VOP(set1)(pv[i]);
             V acc = VOP(keepn)(VOP(sub)(v[NV - 1], P), tail);
             CN_UNROLL for (k = 0; k < NV - 1; k++) acc = VOP(add)(acc, VOP(sub)(v[k], P));
-            s[i] = VOP(hsum)(acc);
+            sv[i] = acc;
         }
+        FN(hsum_rows)(sv, nrows, s);
         for (i = 0; i < nrows; i++) d[i] = (AT)((double)s[i] * inv_n);
         for (i = 0; i < nrows; i++) {                  /* pass 2 (from L1): sums of e and e^2 */
             const XT *x = X + i * N;
@@ -497,9 +501,11 @@ CN_INLINE void FN(fwd_small_block)(const cn_fwd_args *a, int64_t r0, const int64
                 sq = VOP(fmadd)(e, e, sq);
                 se = VOP(add)(se, e);
             }
-            q[i] = VOP(hsum)(sq);
-            c[i] = VOP(hsum)(se);
+            sqv[i] = sq;
+            sev[i] = se;
         }
+        FN(hsum_rows)(sqv, nrows, q);
+        FN(hsum_rows)(sev, nrows, c);
         for (i = 0; i < nrows; i++) {
             double cs = (double)c[i];
             dd[i] = isfinite(d[i]) ? (double)d[i] + cs * inv_n : (double)d[i];  /* corrected mean - P */
@@ -846,16 +852,132 @@ static void FN(bwd_row_dx)(const cn_bwd_args *a, int64_t r, int64_t pf_rows, dou
     FN(bwd_dx_range)(a, r, 0, N, s1, s2, pf_rows * N, npf, NULL, NULL, 0);
 }
 
+/* dx of R rows (1..4) from r, columns c0..c1, adding each row in turn into
+ * the partials (init: row r writes them). The partials stay in registers
+ * across the R rows -- the same operations, in the same order, as R calls of
+ * bwd_dx_impl, so the bits are those of one row at a time. */
+CN_INLINE void FN(bwd_dx_rows_impl)(const cn_bwd_args *a, int64_t r, const int R, int64_t c0, int64_t c1,
+                                    const double *rowsums, AT *dwp, AT *dbp, const int init, const int center,
+                                    const int has_db, const int stream)
+{
+    const int64_t N = a->N, n = c1 - c0;
+    const XT *x[4], *dy[4];
+    XT *dx[4];
+    V Mv[4], Rv[4], C1[4], C2[4];
+    const PT *w = (const PT *)a->w + c0;
+    int i;
+    CN_UNROLL for (i = 0; i < R; i++) {
+        x[i] = (const XT *)a->x + (r + i) * N + c0;
+        dy[i] = (const XT *)a->dy + (r + i) * N + c0;
+        dx[i] = (XT *)a->dx + (r + i) * N + c0;
+        Mv[i] = VOP(set1)(center ? ((const AT *)a->mean)[r + i] : (AT)0);
+        Rv[i] = VOP(set1)(((const AT *)a->rstd)[r + i]);
+        C1[i] = VOP(set1)((AT)(rowsums[2 * i] / (double)N));
+        C2[i] = VOP(set1)((AT)(rowsums[2 * i + 1] / (double)N));
+    }
+    dwp += c0;
+    if (has_db) dbp += c0;
+    /* non-temporal stores need the same alignment in every row */
+    int64_t head = stream ? FN(stream_peel)(dx[0], n) : 0;
+    const int nt = stream && (R == 1 || (N * (int64_t)sizeof(XT)) % STREAM_ALIGN == 0);
+    if (!nt) head = 0;
+    const int64_t pf = c1 < N ? (c1 + CN_CHUNK <= N ? CN_CHUNK : N - c1) : 0;   /* the next chunk of each row */
+#define CN_DXR(J, LDX, LDP, LDA, STA, STORE)                                                   \
+    {                                                                                          \
+        V wv = LDP(w + (J)), dwa = VOP(zero)(), dba = VOP(zero)();                             \
+        CN_UNROLL for (i = 0; i < R; i++) {                                                    \
+            V xv = LDX(x[i] + (J)), dyv = LDX(dy[i] + (J));                                    \
+            V xh = center ? VOP(mul)(VOP(sub)(xv, Mv[i]), Rv[i]) : VOP(mul)(xv, Rv[i]);        \
+            V g = VOP(mul)(dyv, wv);                                                           \
+            if (center) g = VOP(sub)(g, C1[i]);                                                \
+            STORE(dx[i] + (J), VOP(mul)(VOP(fnmadd)(xh, C2[i], g), Rv[i]));                    \
+            if (i == 0 && init) { dwa = VOP(mul)(dyv, xh); if (has_db) dba = dyv; }            \
+            else {                                                                             \
+                if (i == 0) { dwa = LDA(dwp + (J)); if (has_db) dba = LDA(dbp + (J)); }         \
+                dwa = VOP(fmadd)(dyv, xh, dwa);                                                \
+                if (has_db) dba = VOP(add)(dyv, dba);                                          \
+            }                                                                                  \
+        }                                                                                      \
+        STA(dwp + (J), dwa);                                                                   \
+        if (has_db) STA(dbp + (J), dba);                                                       \
+    }
+    int64_t j = 0;
+    if (head) {
+        const int64_t t = head;
+#define CN_LDX_T(p) XLDN(p, t)
+#define CN_LDP_T(p) PLDN(p, t)
+#define CN_LDA_T(p) ALDN(p, t)
+#define CN_STA_T(p, v) ASTN(p, v, t)
+#define CN_ST_T(p, v) XSTN(p, v, t)
+        CN_DXR(0, CN_LDX_T, CN_LDP_T, CN_LDA_T, CN_STA_T, CN_ST_T)
+        j = head;
+    }
+#define CN_ID_LDX(p) XLD(p)
+#define CN_ID_LDP(p) PLD(p)
+#define CN_ID_LDA(p) ALD(p)
+#define CN_ID_STA(p, v) AST(p, v)
+#define CN_ID_ST(p, v) XST(p, v)
+#define CN_ID_STREAM(p, v) XSTREAM(p, v)
+    if (nt)
+        for (; j + VL <= n; j += VL) {
+            if (j < pf) { CN_UNROLL for (i = 0; i < R; i++) { cn_prefetch(x[i] + n + j); cn_prefetch(dy[i] + n + j); } }
+            CN_DXR(j, CN_ID_LDX, CN_ID_LDP, CN_ID_LDA, CN_ID_STA, CN_ID_STREAM)
+        }
+    else
+        for (; j + VL <= n; j += VL) {
+            if (j < pf) { CN_UNROLL for (i = 0; i < R; i++) { cn_prefetch(x[i] + n + j); cn_prefetch(dy[i] + n + j); } }
+            CN_DXR(j, CN_ID_LDX, CN_ID_LDP, CN_ID_LDA, CN_ID_STA, CN_ID_ST)
+        }
+    if (j < n) {
+        const int64_t t = n - j;
+        CN_DXR(j, CN_LDX_T, CN_LDP_T, CN_LDA_T, CN_STA_T, CN_ST_T)
+    }
+#undef CN_LDX_T
+#undef CN_LDP_T
+#undef CN_LDA_T
+#undef CN_STA_T
+#undef CN_ST_T
+#undef CN_ID_LDX
+#undef CN_ID_LDP
+#undef CN_ID_LDA
+#undef CN_ID_STA
+#undef CN_ID_ST
+#undef CN_ID_STREAM
+#undef CN_DXR
+}
+
 /* Team path, phase C: rows r..r+nrows-1 (in order), columns c0..c1: dx, and
  * each row added into the block partials (the block's first row, r == first,
- * writes them). rowsums holds (s1, s2) per row. While one row is done, the
- * next row's piece is prefetched (the walk jumps between rows, which the
- * hardware prefetcher does not follow). */
+ * writes them). rowsums holds (s1, s2) per row. With partials, rows go four
+ * at a time (bwd_dx_rows_impl); without, one at a time, each prefetching the
+ * next row's piece (the walk jumps between rows, which the hardware
+ * prefetcher does not follow). */
 static void FN(bwd_apply)(const cn_bwd_args *a, int64_t r, int64_t nrows, int64_t c0, int64_t c1,
                           const double *rowsums, void *dwp, void *dbp, int64_t first)
 {
     AT *dw = a->w ? (AT *)dwp : NULL, *db = (a->w && a->center) ? (AT *)dbp : NULL;
     const int64_t N = a->N, n = c1 - c0;
+    if (dw != NULL) {
+        /* weight and partials: up to 4 rows per sweep, partials kept in registers */
+        for (int64_t i = 0, R = 0; i < nrows; i += R) {
+            R = nrows - i < 4 ? nrows - i : 4;
+            if (first > r + i && first < r + i + R) R = first - (r + i);   /* a block starts inside */
+            const int init = r + i == first;
+#define CN_R(RR, C, DB, ST) FN(bwd_dx_rows_impl)(a, r + i, RR, c0, c1, rowsums + 2 * i, dw, db, init, C, DB, ST)
+#define CN_RS(RR, C, DB) if (a->stream) CN_R(RR, C, DB, 1); else CN_R(RR, C, DB, 0);
+#define CN_RC(RR) if (a->center) { CN_RS(RR, 1, 1) } else { CN_RS(RR, 0, 0) }
+            switch ((int)R) {
+            case 1: CN_RC(1) break;
+            case 2: CN_RC(2) break;
+            case 3: CN_RC(3) break;
+            default: CN_RC(4) break;
+            }
+#undef CN_RC
+#undef CN_RS
+#undef CN_R
+        }
+        return;
+    }
     for (int64_t i = 0; i < nrows; i++) {
         /* next row, same columns; after the last row, the first row's next columns */
         int64_t pf = i + 1 < nrows ? N : n - (nrows - 1) * N;
