@@ -55,6 +55,10 @@ enum {
 #ifndef CN_POPULATE_BYTES
 #define CN_POPULATE_BYTES (1 << 20)
 #endif
+/* Backward, short rows: x and dy of the rows that take pass 1 before any takes pass 2. */
+#ifndef CN_BWD_SHORT_BYTES
+#define CN_BWD_SHORT_BYTES (16 << 10)
+#endif
 #ifndef CN_BWD_GROUP_BYTES
 #define CN_BWD_GROUP_BYTES (256 << 10)
 #endif

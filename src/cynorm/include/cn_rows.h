@@ -1094,16 +1094,24 @@ static void FN(bwd_rows)(const cn_bwd_args *a, int64_t r0, int64_t r1, void *dwp
     if (N <= SMALL_MAX) { FN(bwd_small)(a, r0, r1, (AT *)dwp, (AT *)dbp); return; }
     const int64_t pair_bytes = 2 * N * (int64_t)sizeof(XT);   /* x and dy of one row */
     const int RB = pair_bytes * 4 <= CN_BWD_GROUP_BYTES ? 4 : pair_bytes * 2 <= CN_BWD_GROUP_BYTES ? 2 : 1;
-    for (int64_t r = r0; r < r1; r += RB) {
-        const int nb = r1 - r < RB ? (int)(r1 - r) : RB;
-        double s1[4] = {0, 0, 0, 0}, s2[4] = {0, 0, 0, 0};
-        for (int64_t c0 = 0; c0 < N; c0 += CN_CHUNK) {
-            int64_t c1 = c0 + CN_CHUNK < N ? c0 + CN_CHUNK : N;
-            AT t1[4], t2[4];
-            FN(bwd_chunk_rows)(a, r, nb, c0, c1, dwp, dbp, r == r0, t1, t2);
-            for (int i = 0; i < nb; i++) { s1[i] += (double)t1[i]; s2[i] += (double)t2[i]; }
+    /* short rows: up to 16 rows (their x and dy within CN_BWD_SHORT_BYTES) take
+     * pass 1, four at a time, before any takes pass 2, so that one row's
+     * reduction latency overlaps other rows' work */
+    const int GR = RB < 4 ? RB : pair_bytes * 16 <= CN_BWD_SHORT_BYTES ? 16 : pair_bytes * 8 <= CN_BWD_SHORT_BYTES ? 8 : 4;
+    for (int64_t r = r0; r < r1; r += GR) {
+        const int ng = r1 - r < GR ? (int)(r1 - r) : GR;
+        double s1[16], s2[16];
+        for (int sg = 0; sg < ng; sg += RB) {
+            const int nb = ng - sg < RB ? ng - sg : RB;
+            for (int i = 0; i < nb; i++) { s1[sg + i] = 0; s2[sg + i] = 0; }
+            for (int64_t c0 = 0; c0 < N; c0 += CN_CHUNK) {
+                int64_t c1 = c0 + CN_CHUNK < N ? c0 + CN_CHUNK : N;
+                AT t1[4], t2[4];
+                FN(bwd_chunk_rows)(a, r + sg, nb, c0, c1, dwp, dbp, r + sg == r0, t1, t2);
+                for (int i = 0; i < nb; i++) { s1[sg + i] += (double)t1[i]; s2[sg + i] += (double)t2[i]; }
+            }
         }
-        for (int i = 0; i < nb; i++) FN(bwd_row_dx)(a, r + i, RB, s1[i], s2[i]);
+        for (int i = 0; i < ng; i++) FN(bwd_row_dx)(a, r + i, GR, s1[i], s2[i]);
     }
     if (a->stream) cn_stream_fence();
 }
