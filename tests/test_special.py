@@ -8,8 +8,9 @@ import reference as ref
 from accuracy import check
 from conftest import F32, F64, PAIRS, make_inputs
 
-# small (in-register) rows, one chunk, several chunks, and the column-split team path
-SHAPES = [(7, 16), (5, 56), (6, 1000), (3, 4100), (2, 9000)]
+# small (in-register) rows, medium rows (blocks of rows), one chunk, several
+# chunks, and the column-split team path
+SHAPES = [(7, 16), (5, 56), (6, 150), (6, 1000), (3, 4100), (2, 9000)]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -91,7 +92,7 @@ def _wide_reference(x, center, eps):
 
 @pytest.mark.skipif(np.finfo(np.longdouble).maxexp <= 1024, reason="needs an extended long double")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("n", [16, 56, 1000, 5000])
+@pytest.mark.parametrize("n", [16, 56, 150, 1000, 5000])
 def test_values_near_dtype_max_stay_finite(dtype, n, force_parallel):
     """x**2 and the variance overflow the dtype, but the exact result is finite: so is ours."""
     big = np.finfo(dtype).max / 2

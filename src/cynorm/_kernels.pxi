@@ -242,8 +242,9 @@ cdef int _forward_team(const cn_ops *ops, const cn_fwd_args *a, int T) noexcept 
 
 cdef int _forward(const cn_ops *ops, const cn_fwd_args *a, int T) noexcept nogil:
     cdef int64_t M = a.M, t
-    if T > 1 and a.N > ops.small_max and M < 4 * T:
-        # too few rows to balance: split columns too (same bits as fwd_rows)
+    if T > 1 and a.N > CN_CHUNK and M < 4 * T:
+        # too few rows to balance: split columns too (same bits as fwd_rows,
+        # which takes rows of one chunk with other kernels)
         if _forward_team(ops, a, T) == 0:
             return 0
     if T <= 1 or M < 2:

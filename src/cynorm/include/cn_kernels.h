@@ -39,6 +39,14 @@ enum {
 #ifndef CN_FWD_GROUP_BYTES
 #define CN_FWD_GROUP_BYTES (16 << 10)
 #endif
+/* Forward rows of SMALL_MAX..CN_MED_ROW_BYTES: blocks of up to 16 rows within
+ * CN_MED_BLOCK_BYTES (fwd_med). Must stay below CN_CHUNK elements. */
+#ifndef CN_MED_ROW_BYTES
+#define CN_MED_ROW_BYTES 1536
+#endif
+#ifndef CN_MED_BLOCK_BYTES
+#define CN_MED_BLOCK_BYTES (32 << 10)
+#endif
 /* Rows longer than this are normalized column chunk by column chunk across a
  * group of rows (chunks of CN_APPLY_CHUNK elements); see fwd_rows. */
 #ifndef CN_LONG_ROW_BYTES

@@ -574,6 +574,126 @@ static void FN(fwd_small)(const cn_fwd_args *a, int64_t r0, int64_t r1)
 #undef CN_FWD_SMALL
 }
 
+/* ----------------------------------------------- forward: medium rows -- */
+
+/* Rows longer than SMALL_MAX, of at most CN_MED_ROW_BYTES, a block of up to
+ * SMALL_BLOCK rows (their data within CN_MED_BLOCK_BYTES) at a time,
+ * in the small-row kernel's phases: per-row sums reduced a block at a time,
+ * one vectorizable rstd loop, then the normalizing passes, rereading the rows
+ * from L1/L2. Row by row, each row waited on its own sum -> sqrt -> normalize
+ * chain (~200 cycles, measured); here rows overlap. (Longer rows lose more
+ * to the third pass than they gain: measured break-even near 1.5-2 KB.) A
+ * row's arithmetic never depends on its block. LayerNorm: corrected two-pass about the row's first
+ * element, as for small rows. */
+CN_INLINE void FN(fwd_med_block)(const cn_fwd_args *a, int64_t r0, const int64_t nrows, const int center,
+                                 double inv_n)
+{
+    const int64_t N = a->N;
+    const XT *X = (const XT *)a->x + r0 * N;
+    XT *Y = (XT *)a->y + r0 * N;
+    AT pv[SMALL_BLOCK], d[SMALL_BLOCK], s[SMALL_BLOCK], q[SMALL_BLOCK], c[SMALL_BLOCK];
+    double dd[SMALL_BLOCK], m2[SMALL_BLOCK], rstd[SMALL_BLOCK];
+    V sv[SMALL_BLOCK], qv[SMALL_BLOCK], cv[SMALL_BLOCK];
+    const V z = VOP(zero)();
+    int64_t i, j;
+    if (center) {
+        for (i = 0; i < nrows; i++) {                  /* pass 1: sum of x - P */
+            const XT *x = X + i * N;
+            pv[i] = (AT)X2A(x[0]);
+            V P = VOP(set1)(pv[i]), a0 = z, a1 = z, a2 = z, a3 = z;
+            for (j = 0; j + 4 * VL <= N; j += 4 * VL) {
+                a0 = VOP(add)(a0, VOP(sub)(XLD(x + j), P));
+                a1 = VOP(add)(a1, VOP(sub)(XLD(x + j + VL), P));
+                a2 = VOP(add)(a2, VOP(sub)(XLD(x + j + 2 * VL), P));
+                a3 = VOP(add)(a3, VOP(sub)(XLD(x + j + 3 * VL), P));
+            }
+            for (; j + VL <= N; j += VL) a0 = VOP(add)(a0, VOP(sub)(XLD(x + j), P));
+            if (j < N) a1 = VOP(add)(a1, VOP(keepn)(VOP(sub)(XLDN(x + j, N - j), P), N - j));
+            sv[i] = VOP(add)(VOP(add)(a0, a1), VOP(add)(a2, a3));
+        }
+        FN(hsum_rows)(sv, nrows, s);
+        for (i = 0; i < nrows; i++) d[i] = (AT)((double)s[i] * inv_n);
+        for (i = 0; i < nrows; i++) {                  /* pass 2 (from cache): sums of e and e^2 */
+            const XT *x = X + i * N;
+            V P = VOP(set1)(pv[i]), D = VOP(set1)(d[i]), q0 = z, q1 = z, c0 = z, c1 = z;
+            for (j = 0; j + 2 * VL <= N; j += 2 * VL) {
+                V e0 = VOP(sub)(VOP(sub)(XLD(x + j), P), D), e1 = VOP(sub)(VOP(sub)(XLD(x + j + VL), P), D);
+                q0 = VOP(fmadd)(e0, e0, q0); q1 = VOP(fmadd)(e1, e1, q1);
+                c0 = VOP(add)(c0, e0); c1 = VOP(add)(c1, e1);
+            }
+            for (; j + VL <= N; j += VL) {
+                V e = VOP(sub)(VOP(sub)(XLD(x + j), P), D);
+                q0 = VOP(fmadd)(e, e, q0); c0 = VOP(add)(c0, e);
+            }
+            if (j < N) {
+                V e = VOP(keepn)(VOP(sub)(VOP(sub)(XLDN(x + j, N - j), P), D), N - j);
+                q1 = VOP(fmadd)(e, e, q1); c1 = VOP(add)(c1, e);
+            }
+            qv[i] = VOP(add)(q0, q1);
+            cv[i] = VOP(add)(c0, c1);
+        }
+        FN(hsum_rows)(qv, nrows, q);
+        FN(hsum_rows)(cv, nrows, c);
+        for (i = 0; i < nrows; i++) {
+            double cs = (double)c[i];
+            dd[i] = isfinite(d[i]) ? (double)d[i] + cs * inv_n : (double)d[i];  /* corrected mean - P */
+            m2[i] = (double)q[i] - cs * cs * inv_n;
+        }
+    } else {
+        for (i = 0; i < nrows; i++) {                  /* RMSNorm: sum of squares */
+            const XT *x = X + i * N;
+            V q0 = z, q1 = z, q2 = z, q3 = z;
+            for (j = 0; j + 4 * VL <= N; j += 4 * VL) {
+                V v0 = XLD(x + j), v1 = XLD(x + j + VL), v2 = XLD(x + j + 2 * VL), v3 = XLD(x + j + 3 * VL);
+                q0 = VOP(fmadd)(v0, v0, q0); q1 = VOP(fmadd)(v1, v1, q1);
+                q2 = VOP(fmadd)(v2, v2, q2); q3 = VOP(fmadd)(v3, v3, q3);
+            }
+            for (; j + VL <= N; j += VL) { V v = XLD(x + j); q0 = VOP(fmadd)(v, v, q0); }
+            if (j < N) { V v = XLDN(x + j, N - j); q1 = VOP(fmadd)(v, v, q1); }
+            qv[i] = VOP(add)(VOP(add)(q0, q1), VOP(add)(q2, q3));
+        }
+        FN(hsum_rows)(qv, nrows, q);
+        for (i = 0; i < nrows; i++) { pv[i] = 0; dd[i] = 0.0; m2[i] = (double)q[i]; }
+    }
+    for (i = 0; i < nrows; i++) {
+        double var = m2[i] * inv_n;
+        var = var < 0.0 ? 0.0 : var;
+        rstd[i] = 1.0 / sqrt(var + a->eps);
+    }
+    for (i = 0; i < nrows; i++) {                      /* normalize, rereading from cache */
+        const XT *x = X + i * N;
+        if (FN(wants_rescue)(a, x, dd[i], m2[i], inv_n)) {
+            FN(fwd_rescue)(a, r0 + i);
+            continue;
+        }
+        AT rs = (AT)rstd[i];
+        if (a->mean) {
+            AT mean_hi, mean_lo;
+            FN(split_mean)((double)pv[i], dd[i], &mean_hi, &mean_lo);
+            ((AT *)a->mean)[r0 + i] = mean_hi;
+        }
+        ((AT *)a->rstd)[r0 + i] = rs;
+        /* prefetch the same row of the next block */
+        int64_t npf = r0 + i + nrows < a->M ? N : 0;
+        FN(apply)(x, Y + i * N, (const PT *)a->w, (const PT *)a->b, N, pv[i], dd[i], rs, center, a->stream,
+                  x + nrows * N, npf);
+    }
+}
+
+static void FN(fwd_med)(const cn_fwd_args *a, int64_t r0, int64_t r1)
+{
+    const int64_t row_bytes = a->N * (int64_t)sizeof(XT);
+    const int64_t B = row_bytes * SMALL_BLOCK <= CN_MED_BLOCK_BYTES ? SMALL_BLOCK
+                      : (CN_MED_BLOCK_BYTES / row_bytes > 1 ? CN_MED_BLOCK_BYTES / row_bytes : 1);
+    const double inv_n = 1.0 / (double)a->N;
+    for (int64_t r = r0; r < r1; r += B) {
+        const int64_t nb = r1 - r < B ? r1 - r : B;
+        if (a->center) FN(fwd_med_block)(a, r, nb, 1, inv_n);
+        else FN(fwd_med_block)(a, r, nb, 0, inv_n);
+    }
+    if (a->stream) cn_stream_fence();
+}
+
 /* ------------------------------------------------------ forward: rows -- */
 
 /* Stats of one whole row: chunk moments merged left to right (as the team path does). */
@@ -614,6 +734,7 @@ static void FN(fwd_rows)(const cn_fwd_args *a, int64_t r0, int64_t r1)
         return;
     }
     if (N <= SMALL_MAX) { FN(fwd_small)(a, r0, r1); return; }   /* (plain stores: no fence) */
+    if (row_bytes <= CN_MED_ROW_BYTES) { FN(fwd_med)(a, r0, r1); return; }
     const PT *W = (const PT *)a->w, *B = (const PT *)a->b;
     cn_row_stats st[CN_LONG_GROUP > 4 ? CN_LONG_GROUP : 4];   /* short rows: groups of up to 4 */
     if (row_bytes > CN_LONG_ROW_BYTES) {
