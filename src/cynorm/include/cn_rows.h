@@ -120,6 +120,39 @@ CN_INLINE AT FN(head_mean)(const XT *x, int64_t n)
     return (AT)((double)VOP(hsum)(XLDN(x, np)) / (double)np);
 }
 
+/* Lane-wise sum of x[0:n] - P (unreduced; lanes past n are 0). */
+CN_INLINE V FN(dev_sum_vec)(const XT *x, int64_t n, V P)
+{
+    const V z = VOP(zero)();
+    V a0 = z, a1 = z, a2 = z, a3 = z;
+    int64_t j;
+    for (j = 0; j + 4 * VL <= n; j += 4 * VL) {
+        a0 = VOP(add)(a0, VOP(sub)(XLD(x + j), P));
+        a1 = VOP(add)(a1, VOP(sub)(XLD(x + j + VL), P));
+        a2 = VOP(add)(a2, VOP(sub)(XLD(x + j + 2 * VL), P));
+        a3 = VOP(add)(a3, VOP(sub)(XLD(x + j + 3 * VL), P));
+    }
+    for (; j + VL <= n; j += VL) a0 = VOP(add)(a0, VOP(sub)(XLD(x + j), P));
+    if (j < n) a1 = VOP(add)(a1, VOP(keepn)(VOP(sub)(XLDN(x + j, n - j), P), n - j));
+    return VOP(add)(VOP(add)(a0, a1), VOP(add)(a2, a3));
+}
+
+/* Lane-wise sum of squares of x[0:n] (unreduced). */
+CN_INLINE V FN(sumsq_vec)(const XT *x, int64_t n)
+{
+    const V z = VOP(zero)();
+    V q0 = z, q1 = z, q2 = z, q3 = z;
+    int64_t j;
+    for (j = 0; j + 4 * VL <= n; j += 4 * VL) {
+        V v0 = XLD(x + j), v1 = XLD(x + j + VL), v2 = XLD(x + j + 2 * VL), v3 = XLD(x + j + 3 * VL);
+        q0 = VOP(fmadd)(v0, v0, q0); q1 = VOP(fmadd)(v1, v1, q1);
+        q2 = VOP(fmadd)(v2, v2, q2); q3 = VOP(fmadd)(v3, v3, q3);
+    }
+    for (; j + VL <= n; j += VL) { V v = XLD(x + j); q0 = VOP(fmadd)(v, v, q0); }
+    if (j < n) { V v = XLDN(x + j, n - j); q1 = VOP(fmadd)(v, v, q1); }
+    return VOP(add)(VOP(add)(q0, q1), VOP(add)(q2, q3));
+}
+
 /* Corrected two-pass moments of x[0:n] about pivot P, over data already in L1:
  * delta = mean - P, m2 = sum (x - mean)^2. */
 CN_INLINE void FN(twopass_moments)(const XT *x, int64_t n, AT pivot, cn_moments *m)
@@ -129,16 +162,7 @@ CN_INLINE void FN(twopass_moments)(const XT *x, int64_t n, AT pivot, cn_moments 
     m->n = (double)n;
     {
         V P = VOP(set1)(pivot);
-        V a0 = z, a1 = z, a2 = z, a3 = z;
-        for (j = 0; j + 4 * VL <= n; j += 4 * VL) {
-            a0 = VOP(add)(a0, VOP(sub)(XLD(x + j), P));
-            a1 = VOP(add)(a1, VOP(sub)(XLD(x + j + VL), P));
-            a2 = VOP(add)(a2, VOP(sub)(XLD(x + j + 2 * VL), P));
-            a3 = VOP(add)(a3, VOP(sub)(XLD(x + j + 3 * VL), P));
-        }
-        for (; j + VL <= n; j += VL) a0 = VOP(add)(a0, VOP(sub)(XLD(x + j), P));
-        if (j < n) a1 = VOP(add)(a1, VOP(keepn)(VOP(sub)(XLDN(x + j, n - j), P), n - j));
-        AT d = (AT)((double)VOP(hsum)(VOP(add)(VOP(add)(a0, a1), VOP(add)(a2, a3))) / (double)n);
+        AT d = (AT)((double)VOP(hsum)(FN(dev_sum_vec)(x, n, P)) / (double)n);
 
         /* second pass: e = (x - P) - d; keep sum e^2 and the correction sum e */
         V D = VOP(set1)(d);
@@ -181,16 +205,8 @@ CN_INLINE void FN(chunk_moments)(const XT *x, int64_t n, AT pivot, const int cen
     V z = VOP(zero)();
     m->n = (double)n;
     if (!center) {
-        V q0 = z, q1 = z, q2 = z, q3 = z;
-        for (j = 0; j + 4 * VL <= n; j += 4 * VL) {
-            V v0 = XLD(x + j), v1 = XLD(x + j + VL), v2 = XLD(x + j + 2 * VL), v3 = XLD(x + j + 3 * VL);
-            q0 = VOP(fmadd)(v0, v0, q0); q1 = VOP(fmadd)(v1, v1, q1);
-            q2 = VOP(fmadd)(v2, v2, q2); q3 = VOP(fmadd)(v3, v3, q3);
-        }
-        for (; j + VL <= n; j += VL) { V v = XLD(x + j); q0 = VOP(fmadd)(v, v, q0); }
-        if (j < n) { V v = XLDN(x + j, n - j); q1 = VOP(fmadd)(v, v, q1); }
         m->delta = 0.0;
-        m->m2 = (double)VOP(hsum)(VOP(add)(VOP(add)(q0, q1), VOP(add)(q2, q3)));
+        m->m2 = (double)VOP(hsum)(FN(sumsq_vec)(x, n));
         return;
     }
     {
@@ -283,11 +299,10 @@ CN_INLINE void FN(apply_impl)(const XT *x, XT *y, const PT *w, const PT *b, int6
 #undef CN_ST_PART
 }
 
-static void FN(apply)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, AT pivot, double delta, AT rstd,
-                      int center, int stream, const XT *pf, int64_t npf)
+/* apply_impl for a mean already split into hi + lo (split_mean) */
+static void FN(apply_split)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, AT hi, AT lo, AT rstd,
+                            int center, int stream, const XT *pf, int64_t npf)
 {
-    AT hi, lo;
-    FN(split_mean)((double)pivot, delta, &hi, &lo);
     /* one specialised loop per (center, weight?, bias?, stream?): no branches in the hot loop */
 #define CN_A(C, W, B) \
     (stream ? FN(apply_impl)(x, y, w, b, n, hi, lo, rstd, C, W, B, 1, pf, npf) \
@@ -302,6 +317,14 @@ static void FN(apply)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, A
         else CN_A(0, 0, 0);
     }
 #undef CN_A
+}
+
+static void FN(apply)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, AT pivot, double delta, AT rstd,
+                      int center, int stream, const XT *pf, int64_t npf)
+{
+    AT hi, lo;
+    FN(split_mean)((double)pivot, delta, &hi, &lo);
+    FN(apply_split)(x, y, w, b, n, hi, lo, rstd, center, stream, pf, npf);
 }
 
 /* ------------------------- forward: rows beyond the accumulator's range -- */
@@ -439,6 +462,29 @@ static void FN(fwd_apply)(const cn_fwd_args *a, int64_t r, int64_t nrows, int64_
  * never depends on the block it falls in. */
 #define SMALL_BLOCK 16
 
+/* The end of a block's statistics (small and medium rows), from each row's
+ * first-pass mean d (of x - pv) and second-pass sums q = sum e^2, c = sum e
+ * (LayerNorm), or q = sum x^2 (RMSNorm): dd = corrected mean - pv, m2, and
+ * rstd, one vectorizable loop each. */
+CN_INLINE void FN(block_moments)(const cn_fwd_args *a, int64_t nrows, const int center, double inv_n, const AT *d,
+                                 const AT *q, const AT *c, double *dd, double *m2, double *rstd)
+{
+    int64_t i;
+    if (center)
+        for (i = 0; i < nrows; i++) {
+            double cs = (double)c[i];
+            dd[i] = isfinite(d[i]) ? (double)d[i] + cs * inv_n : (double)d[i];  /* the inf row keeps mean = +-inf */
+            m2[i] = (double)q[i] - cs * cs * inv_n;
+        }
+    else
+        for (i = 0; i < nrows; i++) { dd[i] = 0.0; m2[i] = (double)q[i]; }
+    for (i = 0; i < nrows; i++) {
+        double var = m2[i] * inv_n;
+        var = var < 0.0 ? 0.0 : var;
+        rstd[i] = 1.0 / sqrt(var + a->eps);
+    }
+}
+
 /* out[i] = the lane sum of a[i] for i < nrows (<= SMALL_BLOCK), VL vectors per
  * transpose-and-add tree (cn_simd.h); a[nrows..] are zeroed first. out[i]
  * depends on a[i] alone, never on the other rows or on nrows. */
@@ -506,11 +552,6 @@ CN_INLINE void FN(fwd_small_block)(const cn_fwd_args *a, int64_t r0, const int64
         }
         FN(hsum_rows)(sqv, nrows, q);
         FN(hsum_rows)(sev, nrows, c);
-        for (i = 0; i < nrows; i++) {
-            double cs = (double)c[i];
-            dd[i] = isfinite(d[i]) ? (double)d[i] + cs * inv_n : (double)d[i];  /* corrected mean - P */
-            m2[i] = (double)q[i] - cs * cs * inv_n;
-        }
     } else {
         for (i = 0; i < nrows; i++) {
             const XT *x = X + i * N;
@@ -520,14 +561,10 @@ CN_INLINE void FN(fwd_small_block)(const cn_fwd_args *a, int64_t r0, const int64
             V sq = VOP(zero)();
             CN_UNROLL for (k = 0; k < NV; k++) sq = VOP(fmadd)(v[k], v[k], sq);
             q[i] = VOP(hsum)(sq);
+            pv[i] = 0;
         }
-        for (i = 0; i < nrows; i++) { pv[i] = 0; dd[i] = 0.0; m2[i] = (double)q[i]; }
     }
-    for (i = 0; i < nrows; i++) {
-        double var = m2[i] * inv_n;
-        var = var < 0.0 ? 0.0 : var;
-        rstd[i] = 1.0 / sqrt(var + a->eps);
-    }
+    FN(block_moments)(a, nrows, center, inv_n, d, q, c, dd, m2, rstd);
     for (i = 0; i < nrows; i++) {                      /* normalize, rereading from L1 */
         const XT *x = X + i * N;
         XT *y = Y + i * N;
@@ -600,16 +637,7 @@ CN_INLINE void FN(fwd_med_block)(const cn_fwd_args *a, int64_t r0, const int64_t
         for (i = 0; i < nrows; i++) {                  /* pass 1: sum of x - P */
             const XT *x = X + i * N;
             pv[i] = (AT)X2A(x[0]);
-            V P = VOP(set1)(pv[i]), a0 = z, a1 = z, a2 = z, a3 = z;
-            for (j = 0; j + 4 * VL <= N; j += 4 * VL) {
-                a0 = VOP(add)(a0, VOP(sub)(XLD(x + j), P));
-                a1 = VOP(add)(a1, VOP(sub)(XLD(x + j + VL), P));
-                a2 = VOP(add)(a2, VOP(sub)(XLD(x + j + 2 * VL), P));
-                a3 = VOP(add)(a3, VOP(sub)(XLD(x + j + 3 * VL), P));
-            }
-            for (; j + VL <= N; j += VL) a0 = VOP(add)(a0, VOP(sub)(XLD(x + j), P));
-            if (j < N) a1 = VOP(add)(a1, VOP(keepn)(VOP(sub)(XLDN(x + j, N - j), P), N - j));
-            sv[i] = VOP(add)(VOP(add)(a0, a1), VOP(add)(a2, a3));
+            sv[i] = FN(dev_sum_vec)(x, N, VOP(set1)(pv[i]));
         }
         FN(hsum_rows)(sv, nrows, s);
         for (i = 0; i < nrows; i++) d[i] = (AT)((double)s[i] * inv_n);
@@ -634,49 +662,26 @@ CN_INLINE void FN(fwd_med_block)(const cn_fwd_args *a, int64_t r0, const int64_t
         }
         FN(hsum_rows)(qv, nrows, q);
         FN(hsum_rows)(cv, nrows, c);
-        for (i = 0; i < nrows; i++) {
-            double cs = (double)c[i];
-            dd[i] = isfinite(d[i]) ? (double)d[i] + cs * inv_n : (double)d[i];  /* corrected mean - P */
-            m2[i] = (double)q[i] - cs * cs * inv_n;
-        }
     } else {
-        for (i = 0; i < nrows; i++) {                  /* RMSNorm: sum of squares */
-            const XT *x = X + i * N;
-            V q0 = z, q1 = z, q2 = z, q3 = z;
-            for (j = 0; j + 4 * VL <= N; j += 4 * VL) {
-                V v0 = XLD(x + j), v1 = XLD(x + j + VL), v2 = XLD(x + j + 2 * VL), v3 = XLD(x + j + 3 * VL);
-                q0 = VOP(fmadd)(v0, v0, q0); q1 = VOP(fmadd)(v1, v1, q1);
-                q2 = VOP(fmadd)(v2, v2, q2); q3 = VOP(fmadd)(v3, v3, q3);
-            }
-            for (; j + VL <= N; j += VL) { V v = XLD(x + j); q0 = VOP(fmadd)(v, v, q0); }
-            if (j < N) { V v = XLDN(x + j, N - j); q1 = VOP(fmadd)(v, v, q1); }
-            qv[i] = VOP(add)(VOP(add)(q0, q1), VOP(add)(q2, q3));
-        }
+        for (i = 0; i < nrows; i++) qv[i] = FN(sumsq_vec)(X + i * N, N);   /* RMSNorm: sum of squares */
         FN(hsum_rows)(qv, nrows, q);
-        for (i = 0; i < nrows; i++) { pv[i] = 0; dd[i] = 0.0; m2[i] = (double)q[i]; }
+        for (i = 0; i < nrows; i++) pv[i] = 0;
     }
-    for (i = 0; i < nrows; i++) {
-        double var = m2[i] * inv_n;
-        var = var < 0.0 ? 0.0 : var;
-        rstd[i] = 1.0 / sqrt(var + a->eps);
-    }
+    FN(block_moments)(a, nrows, center, inv_n, d, q, c, dd, m2, rstd);
     for (i = 0; i < nrows; i++) {                      /* normalize, rereading from cache */
         const XT *x = X + i * N;
         if (FN(wants_rescue)(a, x, dd[i], m2[i], inv_n)) {
             FN(fwd_rescue)(a, r0 + i);
             continue;
         }
-        AT rs = (AT)rstd[i];
-        if (a->mean) {
-            AT mean_hi, mean_lo;
-            FN(split_mean)((double)pv[i], dd[i], &mean_hi, &mean_lo);
-            ((AT *)a->mean)[r0 + i] = mean_hi;
-        }
+        AT rs = (AT)rstd[i], mean_hi, mean_lo;
+        FN(split_mean)((double)pv[i], dd[i], &mean_hi, &mean_lo);
+        if (a->mean) ((AT *)a->mean)[r0 + i] = mean_hi;
         ((AT *)a->rstd)[r0 + i] = rs;
         /* prefetch the same row of the next block */
         int64_t npf = r0 + i + nrows < a->M ? N : 0;
-        FN(apply)(x, Y + i * N, (const PT *)a->w, (const PT *)a->b, N, pv[i], dd[i], rs, center, a->stream,
-                  x + nrows * N, npf);
+        FN(apply_split)(x, Y + i * N, (const PT *)a->w, (const PT *)a->b, N, mean_hi, mean_lo, rs, center,
+                        a->stream, x + nrows * N, npf);
     }
 }
 
