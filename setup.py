@@ -157,7 +157,7 @@ def _extensions():
         include_dirs=[numpy.get_include(), INCLUDE],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_9_API_VERSION")],
     )
-    exts = [Extension("cynorm._cpuinfo", [os.path.join(SRC, "_cpuinfo.pyx")], **common)]
+    exts = [Extension(f"cynorm.{name}", [os.path.join(SRC, f"{name}.pyx")], **common) for name in ("_cpuinfo", "_alloc")]
     for level in LEVELS:
         exts.append(Extension(f"cynorm._kernels_{level}", [os.path.join(SRC, f"_kernels_{level}.pyx")], **common))
     return cythonize(

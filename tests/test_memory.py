@@ -1,13 +1,22 @@
-"""No memory growth over many calls; 64-bit indexing on arrays past 2**31 elements."""
+"""No memory growth over many calls; huge-page outputs; 64-bit indexing past 2**31 elements."""
 
 import gc
 import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
 from ml_dtypes import bfloat16
 
 import cynorm
+from cynorm import _alloc, _api
+
+try:
+    from numpy._core.multiarray import get_handler_name
+except ImportError:  # NumPy 1.x
+    from numpy.core.multiarray import get_handler_name
 
 
 def _rss_bytes():
@@ -60,6 +69,107 @@ def test_no_memory_growth_over_10000_calls():
     gc.collect()
     growth = _rss_bytes() - before
     assert growth < 4 * 2**20, f"RSS grew by {growth / 2**20:.1f} MiB over 10,000 rounds"
+
+
+# ------------------------------------------------------ huge-page outputs --
+
+HUGE = 2 << 20
+huge_pages = pytest.mark.skipif(not _alloc.enabled, reason="huge-page outputs are Linux only (or CYNORM_HUGEPAGES=0)")
+
+
+def _all_outputs(x, w, b, threads=1):
+    y, mean, rstd = cynorm.layer_norm_forward(x, w, b, num_threads=threads)
+    dx, dw, db = cynorm.layer_norm_backward(x, x, mean, rstd, w, num_threads=threads)
+    yr, r = cynorm.rms_norm_forward(x, w, num_threads=threads)
+    dxr, dwr = cynorm.rms_norm_backward(x, x, r, w, num_threads=threads)
+    return {"y": y, "mean": mean, "rstd": rstd, "dx": dx, "dweight": dw, "dbias": db,
+            "rms_y": yr, "rms_rstd": r, "rms_dx": dxr, "rms_dweight": dwr}
+
+
+@huge_pages
+@pytest.mark.parametrize("xd, pd", [(np.float32, np.float32), (bfloat16, np.float32)])
+def test_large_outputs_own_2mib_aligned_memory(xd, pd):
+    """Outputs of >= 1 MiB: own their data, on a 2 MiB boundary, through cynorm's
+    NumPy allocator; smaller ones come from NumPy's default allocator."""
+    rng = np.random.default_rng(1)
+    for shape, big in [((300_000, 4), {"y", "mean", "rstd", "dx", "rms_y", "rms_rstd", "rms_dx"}),
+                       ((2, 300_000), {"y", "dx", "dweight", "dbias", "rms_y", "rms_dx", "rms_dweight"}),
+                       ((64, 100), set())]:
+        x = rng.standard_normal(shape).astype(xd)
+        n = shape[-1]
+        outs = _all_outputs(x, rng.standard_normal(n).astype(pd), rng.standard_normal(n).astype(pd))
+        for name, a in outs.items():
+            want_huge = name in big and a.nbytes >= _alloc.MIN_BYTES
+            assert a.flags.owndata and a.flags.writeable and a.flags.c_contiguous, name
+            assert (get_handler_name(a) == "cynorm_hugepages") == want_huge, (shape, name, get_handler_name(a))
+            if want_huge:
+                assert a.ctypes.data % HUGE == 0, (shape, name, hex(a.ctypes.data))
+
+
+@huge_pages
+def test_huge_page_outputs_are_bit_identical(monkeypatch):
+    """Where an output lives never changes a bit (aligned or not, streamed or not)."""
+    rng = np.random.default_rng(2)
+    for shape, xd in [((4100, 300), np.float32), ((3, 700_001), bfloat16), ((90_001, 56), np.float16)]:
+        x = rng.standard_normal(shape).astype(xd)
+        w = rng.standard_normal(shape[-1]).astype(np.float32)
+        b = rng.standard_normal(shape[-1]).astype(np.float32)
+        monkeypatch.setattr(_api, "_HUGE_MIN", float("inf"))
+        plain = _all_outputs(x, w, b, threads=2)
+        monkeypatch.setattr(_api, "_HUGE_MIN", 0)            # every output on huge pages
+        monkeypatch.setattr(_api, "_HUGE_GATE", 0)
+        huge = _all_outputs(x, w, b, threads=2)
+        for name in plain:
+            assert get_handler_name(huge[name]) == "cynorm_hugepages"
+            assert get_handler_name(plain[name]) != "cynorm_hugepages"
+            np.testing.assert_array_equal(huge[name].view(np.uint8), plain[name].view(np.uint8), err_msg=name)
+
+
+@huge_pages
+def test_huge_page_arrays_resize_copy_and_free():
+    """resize (the allocator's realloc) keeps the data; copies and pickles are plain
+    arrays; dropping the arrays gives the memory back to the OS."""
+    import pickle
+
+    x = np.random.default_rng(3).standard_normal((4096, 256)).astype(np.float32)
+    y = cynorm.layer_norm(x)
+    keep = y.copy()
+    y.resize((8192, 256), refcheck=False)                    # grow: new mapping, data copied
+    np.testing.assert_array_equal(y[:4096], keep)
+    assert not y[4096:].any()                                 # NumPy zero-fills the growth
+    y.resize((10, 256), refcheck=False)                      # shrink
+    np.testing.assert_array_equal(y, keep[:10])
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(keep)), keep)
+    assert get_handler_name(keep) == "default_allocator"
+    del y
+    gc.collect()
+    before = _rss_bytes()
+    for _ in range(200):                                      # 200 x 4 MiB y + stats
+        y, mean, rstd = cynorm.layer_norm_forward(x)
+        del y, mean, rstd
+    gc.collect()
+    growth = _rss_bytes() - before
+    assert growth < 16 * 2**20, f"RSS grew by {growth / 2**20:.1f} MiB over 200 large calls"
+
+
+@linux_only
+def test_hugepages_env_off():
+    """CYNORM_HUGEPAGES=0: every output from NumPy's default allocator, and show_config says so."""
+    code = textwrap.dedent("""
+        import numpy as np, cynorm
+        try:
+            from numpy._core.multiarray import get_handler_name
+        except ImportError:
+            from numpy.core.multiarray import get_handler_name
+        y, mean, rstd = cynorm.layer_norm_forward(np.ones((300_000, 8), np.float32))
+        print(get_handler_name(y), get_handler_name(rstd), cynorm.show_config()["hugepage_outputs"])
+    """)
+    for flag, want in (("0", "default_allocator default_allocator False"),
+                       ("1", "cynorm_hugepages cynorm_hugepages True")):
+        env = dict(os.environ, CYNORM_HUGEPAGES=flag)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split("\n")[-2].strip() == want, r.stdout
 
 
 @pytest.mark.slow

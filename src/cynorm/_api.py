@@ -11,7 +11,7 @@ import numbers
 
 import numpy as np
 
-from . import _dtypes, _isa
+from . import _alloc, _dtypes, _isa
 from ._threads import resolve_num_threads
 
 __all__ = [
@@ -21,6 +21,17 @@ __all__ = [
 
 _ndarray = np.ndarray
 _empty = np.empty
+_huge_empty = _alloc.empty
+#: outputs this large go on huge pages (cynorm._alloc; CYNORM_HUGEPAGES=0: never)
+_HUGE_MIN = _alloc.MIN_BYTES if _alloc.enabled else float("inf")
+#: below this many elements in x no output can reach _HUGE_MIN (8-byte items at most):
+#: one int compare keeps tiny calls on the plain path
+_HUGE_GATE = _alloc.MIN_BYTES // 8 if _alloc.enabled else 1 << 62
+
+
+def _maker(count, dtype):
+    """How to make an output of `count` elements: large ones on huge pages (cheaper to fault in)."""
+    return _huge_empty if count * dtype.itemsize >= _HUGE_MIN else _empty
 
 
 # ------------------------------------------------------------- validation --
@@ -189,10 +200,10 @@ def _layout_uncached(shape, axis):
     return ax, M, N, norm_shape, shape[:ax] + (1,) * (ndim - ax)
 
 
-def _destination(out, shape, dtype, params):
-    """The output array (fresh, or the checked `out`), and params copied if they overlap it."""
+def _destination(out, shape, new, dtype, params):
+    """The output array (fresh from `new`, or the checked `out`), and params copied if they overlap it."""
     if out is None:
-        return _empty(shape, dtype), params
+        return new(shape, dtype), params
     dst = _check_out(out, shape, dtype)
     return dst, [p.copy() if p is not None and np.may_share_memory(p, dst) else p for p in params]
 
@@ -203,10 +214,14 @@ def _forward(x, weight, bias, axis, eps, num_threads, out, center, want_stats):
     pair, weight, bias = _params(x.dtype, norm_shape, weight, bias)
     eps = _eps(eps)
     T = resolve_num_threads(num_threads)
-    y, (weight, bias) = _destination(out, x.shape, pair.x, (weight, bias))
+    if M * N < _HUGE_GATE:
+        new_y = new_stat = _empty
+    else:
+        new_y, new_stat = _maker(M * N, pair.x), _maker(M, pair.stat)
+    y, (weight, bias) = _destination(out, x.shape, new_y, pair.x, (weight, bias))
     x = _contiguous_input(x, out)
-    mean = _empty(stat_shape, pair.stat) if (center and want_stats) else None
-    rstd = _empty(stat_shape, pair.stat)
+    mean = new_stat(stat_shape, pair.stat) if (center and want_stats) else None
+    rstd = new_stat(stat_shape, pair.stat)
     if M:
         _isa.kernels.forward(pair.code, center, x, y, weight, bias, mean, rstd, M, N, eps, T, out is None)
     return y, mean, rstd
@@ -226,12 +241,16 @@ def _backward(dy, x, mean, rstd, weight, axis, num_threads, out, center):
         mean = _stats(mean, "mean", x.shape, stat_shape, ax, pair.stat)
     rstd = _stats(rstd, "rstd", x.shape, stat_shape, ax, pair.stat)
     T = resolve_num_threads(num_threads)
-    dx, (weight, mean, rstd) = _destination(out, x.shape, pair.x, (weight, mean if center else None, rstd))
+    if M * N < _HUGE_GATE:
+        new_dx = new_grad = _empty
+    else:
+        new_dx, new_grad = _maker(M * N, pair.x), _maker(N, pair.grad)
+    dx, (weight, mean, rstd) = _destination(out, x.shape, new_dx, pair.x, (weight, mean if center else None, rstd))
     x = _contiguous_input(x, out)
     dy = _contiguous_input(dy, out)
     if weight is not None:
-        dweight = _empty(norm_shape, pair.grad)
-        dbias = _empty(norm_shape, pair.grad) if center else None
+        dweight = new_grad(norm_shape, pair.grad)
+        dbias = new_grad(norm_shape, pair.grad) if center else None
         if M == 0:
             dweight.fill(0)
             if dbias is not None:

@@ -5,7 +5,7 @@ import sys
 
 import numpy as np
 
-from . import _isa
+from . import _alloc, _isa
 from ._version import __version__
 
 
@@ -48,6 +48,7 @@ def config():
         "openmp": bool(kernels.openmp()),
         "openmp_runtime": _openmp_runtime(),
         "max_threads": int(kernels.max_threads()),
+        "hugepage_outputs": bool(_alloc.enabled),
         "python": sys.version.split()[0],
         "numpy": np.__version__,
         "ml_dtypes": ml_dtypes.__version__,
@@ -74,6 +75,7 @@ def show_config():
         f"  OpenMP           : {'yes' if cfg['openmp'] else 'no (serial build)'}"
         + (f", {omp['internal_api']} {omp['version'] or ''} ({omp['filepath']})" if omp else ""),
         f"  default threads  : {cfg['max_threads']}   (OMP_NUM_THREADS / threadpoolctl)",
+        f"  huge-page outputs: {'yes' if cfg['hugepage_outputs'] else 'no'}   (outputs >= 1 MiB; CYNORM_HUGEPAGES=0 to turn off)",
         f"  python {cfg['python']}, numpy {cfg['numpy']}, ml_dtypes {cfg['ml_dtypes']}",
     ]
     print("\n".join(lines))
