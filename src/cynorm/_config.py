@@ -61,7 +61,8 @@ def show_config():
 
     Keys include ``version``, ``isa`` (the level in use), ``isa_available``
     (levels this CPU can run, lowest first, starting with ``"baseline"``),
-    ``openmp`` (built with OpenMP?) and ``max_threads`` (the default thread count).
+    ``openmp`` (built with OpenMP?), ``max_threads`` (the default thread count) and
+    ``hugepage_outputs`` (large outputs on huge pages? see the README's Memory section).
     """
     cfg = config()
     omp = cfg["openmp_runtime"]
