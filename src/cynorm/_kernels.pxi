@@ -147,9 +147,6 @@ cdef int64_t BLOCK_PARTIAL_ELEMS = 8 << 20
 # LONG_MIN_BLOCK_ROWS rows. (A constant, not a policy: it sets the bits.)
 cdef int64_t LONG_PART_BYTES = 256 << 10
 cdef int64_t LONG_MIN_BLOCK_ROWS = 64
-# Rows of which even two exceed TEAM_GROUP_BYTES go through the backward team
-# path this many at a time (see _backward_team).
-cdef int64_t LONG_GROUP_ROWS = 16
 
 
 cdef inline int64_t _min(int64_t a, int64_t b) noexcept nogil:
@@ -276,12 +273,8 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t 
     cdef int64_t nb = (M + B - 1) // B
     cdef size_t part_bytes = N * ops.acc_size
     cdef int64_t S = TEAM_GROUP_BYTES // (N * 2 * ops.x_size)
-    # rows that do not fit in cache anyway: LONG_GROUP_ROWS at a time, which reads
-    # and writes the block partials and reads the weight once per that many rows
-    # (measured, rows of 8.4M elements, 1 thread, bf16: 4 rows 251-363 ms, 16 rows
-    # 200-235; 64 rows gained little more, and puts the phase C prefetch of the
-    # next chunk of each row ~1 MB ahead for fp32)
-    S = _min(S if S > 1 else LONG_GROUP_ROWS, B)
+    # rows that do not fit in cache anyway: a few at a time, for partial/weight reuse
+    S = _min(S if S > 1 else 4, B)
     cdef double *sums = <double *>malloc(S * nc * 2 * sizeof(double))
     cdef double *rowsums = <double *>malloc(S * 2 * sizeof(double))
     cdef char *blk_part = NULL

@@ -52,19 +52,10 @@ enum {
 #ifndef CN_LONG_ROW_BYTES
 #define CN_LONG_ROW_BYTES (64 << 10)
 #endif
-/* ... taking that many long rows per group (their stats, then their chunks),
- * so that the normalizing pass rereads the group from cache; rows too long
- * for CN_LONG_GROUP of them to fit in CN_LONG_FIT_BYTES come from DRAM again
- * anyway, and go CN_LONG_GROUP_BIG at a time, which reads each weight/bias
- * chunk once per 16 rows instead of once per 4 (measured, rows of 8.4M
- * elements, `out=`, 1 thread: bf16 111-114 -> 88-90 ms) */
+/* ... taking that many long rows per group (their stats, then their chunks) */
 #ifndef CN_LONG_GROUP
 #define CN_LONG_GROUP 4
 #endif
-#ifndef CN_LONG_GROUP_BIG
-#define CN_LONG_GROUP_BIG 16
-#endif
-#define CN_LONG_FIT_BYTES (8 << 20)
 #ifndef CN_APPLY_CHUNK
 #define CN_APPLY_CHUNK 2048
 #endif
