@@ -29,9 +29,13 @@ _HUGE_MIN = _alloc.MIN_BYTES if _alloc.enabled else float("inf")
 _HUGE_GATE = _alloc.MIN_BYTES // 8 if _alloc.enabled else 1 << 62
 
 
-def _maker(count, dtype):
-    """How to make an output of `count` elements: large ones on huge pages (cheaper to fault in)."""
-    return _huge_empty if count * dtype.itemsize >= _HUGE_MIN else _empty
+def _makers(elems, x_dtype, count, dtype):
+    """How to make the x-shaped output (`elems` elements of x_dtype) and the other
+    outputs (`count` elements of dtype): large ones on huge pages (cheaper to fault in)."""
+    if elems < _HUGE_GATE:
+        return _empty, _empty
+    return (_huge_empty if elems * x_dtype.itemsize >= _HUGE_MIN else _empty,
+            _huge_empty if count * dtype.itemsize >= _HUGE_MIN else _empty)
 
 
 # ------------------------------------------------------------- validation --
@@ -214,10 +218,7 @@ def _forward(x, weight, bias, axis, eps, num_threads, out, center, want_stats):
     pair, weight, bias = _params(x.dtype, norm_shape, weight, bias)
     eps = _eps(eps)
     T = resolve_num_threads(num_threads)
-    if M * N < _HUGE_GATE:
-        new_y = new_stat = _empty
-    else:
-        new_y, new_stat = _maker(M * N, pair.x), _maker(M, pair.stat)
+    new_y, new_stat = _makers(M * N, pair.x, M, pair.stat)
     y, (weight, bias) = _destination(out, x.shape, new_y, pair.x, (weight, bias))
     x = _contiguous_input(x, out)
     mean = new_stat(stat_shape, pair.stat) if (center and want_stats) else None
@@ -241,10 +242,7 @@ def _backward(dy, x, mean, rstd, weight, axis, num_threads, out, center):
         mean = _stats(mean, "mean", x.shape, stat_shape, ax, pair.stat)
     rstd = _stats(rstd, "rstd", x.shape, stat_shape, ax, pair.stat)
     T = resolve_num_threads(num_threads)
-    if M * N < _HUGE_GATE:
-        new_dx = new_grad = _empty
-    else:
-        new_dx, new_grad = _maker(M * N, pair.x), _maker(N, pair.grad)
+    new_dx, new_grad = _makers(M * N, pair.x, N, pair.grad)
     dx, (weight, mean, rstd) = _destination(out, x.shape, new_dx, pair.x, (weight, mean if center else None, rstd))
     x = _contiguous_input(x, out)
     dy = _contiguous_input(dy, out)
