@@ -252,13 +252,13 @@ CN_INLINE void FN(split_mean)(double pivot, double delta, AT *hi, AT *lo)
     *lo = (AT)((m - (double)*hi) + err);
 }
 
-/* y = ((x - mean_hi) * rstd - mean_lo * rstd) * w + b  (one fma; RMSNorm: y = x * rstd * w).
+/* y = ((x - mean_hi) * rstd + lr) * w + b, lr = -mean_lo * rstd  (one fma; RMSNorm: y = x * rstd * w).
  * stream: write the aligned middle with non-temporal stores. */
-CN_INLINE void FN(apply_impl)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, AT mean_hi, AT mean_lo,
+CN_INLINE void FN(apply_impl)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, AT mean_hi, AT lr,
                               AT rstd, const int center, const int has_w, const int has_b, const int stream,
                               const XT *pf, int64_t npf)
 {
-    V MH = VOP(set1)(mean_hi), R = VOP(set1)(rstd), LR = VOP(set1)(-mean_lo * rstd);
+    V MH = VOP(set1)(mean_hi), R = VOP(set1)(rstd), LR = VOP(set1)(lr);
     int64_t j = 0, head = stream ? FN(stream_peel)(y, n) : 0;
 #define CN_APPLY(J, T, LDX, LDP, STORE)                                                  \
     {                                                                                    \
@@ -299,14 +299,14 @@ CN_INLINE void FN(apply_impl)(const XT *x, XT *y, const PT *w, const PT *b, int6
 #undef CN_ST_PART
 }
 
-/* apply_impl for a mean already split into hi + lo (split_mean) */
-static void FN(apply_split)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, AT hi, AT lo, AT rstd,
+/* apply_impl for a mean already split into hi and lr = -lo * rstd (split_mean) */
+static void FN(apply_lr)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, AT hi, AT lr, AT rstd,
                             int center, int stream, const XT *pf, int64_t npf)
 {
     /* one specialised loop per (center, weight?, bias?, stream?): no branches in the hot loop */
 #define CN_A(C, W, B) \
-    (stream ? FN(apply_impl)(x, y, w, b, n, hi, lo, rstd, C, W, B, 1, pf, npf) \
-            : FN(apply_impl)(x, y, w, b, n, hi, lo, rstd, C, W, B, 0, pf, npf))
+    (stream ? FN(apply_impl)(x, y, w, b, n, hi, lr, rstd, C, W, B, 1, pf, npf) \
+            : FN(apply_impl)(x, y, w, b, n, hi, lr, rstd, C, W, B, 0, pf, npf))
     if (center) {
         if (w && b) CN_A(1, 1, 1);
         else if (w) CN_A(1, 1, 0);
@@ -324,7 +324,7 @@ static void FN(apply)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, A
 {
     AT hi, lo;
     FN(split_mean)((double)pivot, delta, &hi, &lo);
-    FN(apply_split)(x, y, w, b, n, hi, lo, rstd, center, stream, pf, npf);
+    FN(apply_lr)(x, y, w, b, n, hi, -lo * rstd, rstd, center, stream, pf, npf);
 }
 
 /* ------------------------- forward: rows beyond the accumulator's range -- */
@@ -496,6 +496,27 @@ CN_INLINE void FN(hsum_rows)(V *a, int64_t nrows, AT *out)
     }
 }
 
+/* The per-row scalars of a block, as loops over the block: each row's mean
+ * split into hi + lo (split_mean), -lo * rstd and rstd in the accumulator type;
+ * mean and rstd written out. Returns whether any row may need fwd_rescue
+ * (wants_rescue's cheap test), so the common block skips it row by row. */
+CN_INLINE int FN(block_scalars)(const cn_fwd_args *a, int64_t r0, int64_t nrows, double inv_n, const AT *pv,
+                                const double *dd, const double *m2, const double *rstd, AT *mh, AT *lr, AT *rs)
+{
+    int64_t i;
+    int odd = 0;
+    for (i = 0; i < nrows; i++) {
+        AT lo;
+        FN(split_mean)((double)pv[i], dd[i], &mh[i], &lo);
+        rs[i] = (AT)rstd[i];
+        lr[i] = -lo * rs[i];
+        odd |= !(isfinite(dd[i]) && isfinite(m2[i]) && m2[i] * inv_n >= TINY_VAR);
+    }
+    if (a->mean) for (i = 0; i < nrows; i++) ((AT *)a->mean)[r0 + i] = mh[i];
+    for (i = 0; i < nrows; i++) ((AT *)a->rstd)[r0 + i] = rs[i];
+    return odd;
+}
+
 CN_INLINE void FN(fwd_small_block)(const cn_fwd_args *a, int64_t r0, const int64_t nrows, const int NV,
                                    const int center, const V *wv, const V *bv, double inv_n)
 {
@@ -565,18 +586,16 @@ CN_INLINE void FN(fwd_small_block)(const cn_fwd_args *a, int64_t r0, const int64
         }
     }
     FN(block_moments)(a, nrows, center, inv_n, d, q, c, dd, m2, rstd);
+    AT mh[SMALL_BLOCK], lr[SMALL_BLOCK], rs[SMALL_BLOCK];
+    const int odd = FN(block_scalars)(a, r0, nrows, inv_n, pv, dd, m2, rstd, mh, lr, rs);
     for (i = 0; i < nrows; i++) {                      /* normalize, rereading from L1 */
         const XT *x = X + i * N;
         XT *y = Y + i * N;
-        if (FN(wants_rescue)(a, x, dd[i], m2[i], inv_n)) {
-            FN(fwd_rescue)(a, r0 + i);
+        if (CN_UNLIKELY(odd) && FN(wants_rescue)(a, x, dd[i], m2[i], inv_n)) {
+            FN(fwd_rescue)(a, r0 + i);                 /* (writes its own mean and rstd) */
             continue;
         }
-        AT rs = (AT)rstd[i], mean_hi, mean_lo;
-        FN(split_mean)((double)pv[i], dd[i], &mean_hi, &mean_lo);
-        if (a->mean) ((AT *)a->mean)[r0 + i] = mean_hi;
-        ((AT *)a->rstd)[r0 + i] = rs;
-        V MH = VOP(set1)(mean_hi), Rv = VOP(set1)(rs), LR = VOP(set1)(-mean_lo * rs);
+        V MH = VOP(set1)(mh[i]), Rv = VOP(set1)(rs[i]), LR = VOP(set1)(lr[i]);
         V v[8];
         CN_ROW_RELOAD(v, x, i);
         CN_UNROLL for (k = 0; k < NV; k++) {
@@ -668,20 +687,18 @@ CN_INLINE void FN(fwd_med_block)(const cn_fwd_args *a, int64_t r0, const int64_t
         for (i = 0; i < nrows; i++) pv[i] = 0;
     }
     FN(block_moments)(a, nrows, center, inv_n, d, q, c, dd, m2, rstd);
+    AT mh[SMALL_BLOCK], lr[SMALL_BLOCK], rs[SMALL_BLOCK];
+    const int odd = FN(block_scalars)(a, r0, nrows, inv_n, pv, dd, m2, rstd, mh, lr, rs);
     for (i = 0; i < nrows; i++) {                      /* normalize, rereading from cache */
         const XT *x = X + i * N;
-        if (FN(wants_rescue)(a, x, dd[i], m2[i], inv_n)) {
-            FN(fwd_rescue)(a, r0 + i);
+        if (CN_UNLIKELY(odd) && FN(wants_rescue)(a, x, dd[i], m2[i], inv_n)) {
+            FN(fwd_rescue)(a, r0 + i);                 /* (writes its own mean and rstd) */
             continue;
         }
-        AT rs = (AT)rstd[i], mean_hi, mean_lo;
-        FN(split_mean)((double)pv[i], dd[i], &mean_hi, &mean_lo);
-        if (a->mean) ((AT *)a->mean)[r0 + i] = mean_hi;
-        ((AT *)a->rstd)[r0 + i] = rs;
         /* prefetch the same row of the next block */
         int64_t npf = r0 + i + nrows < a->M ? N : 0;
-        FN(apply_split)(x, Y + i * N, (const PT *)a->w, (const PT *)a->b, N, mean_hi, mean_lo, rs, center,
-                        a->stream, x + nrows * N, npf);
+        FN(apply_lr)(x, Y + i * N, (const PT *)a->w, (const PT *)a->b, N, mh[i], lr[i], rs[i], center,
+                     a->stream, x + nrows * N, npf);
     }
 }
 
