@@ -256,6 +256,26 @@ def test_eps_is_used(rng):
         np.testing.assert_allclose(y, yr, rtol=0, atol=1e-12 * np.abs(yr).max())
 
 
+@pytest.mark.parametrize("xd, pd", [(F32, F32), (BF16, F32)])
+def test_rows_too_long_for_cache_groups(xd, pd, rng, force_parallel):
+    """Rows so long that four exceed 8 MB: with one thread the forward
+    normalizes them 16 at a time (not 4) and the backward team path takes 16
+    rows per group; 18 rows make a group of 16 and one of 2. With more threads
+    the groups are of 4. Against the float64 reference, and the same bits at
+    1, 2 and 3 threads."""
+    n = (8 << 20) // (4 * xd.itemsize) + 3
+    x, dy, w, b = make_inputs(rng, (18, n), 1, (xd, pd))
+    run_and_check(x, dy, w, b, axis=1, num_threads=1)
+    fwd = cynorm.layer_norm_forward(x, w, b, num_threads=1)
+    want = [a.view(np.uint8) for a in fwd]
+    want_b = [a.view(np.uint8) for a in cynorm.layer_norm_backward(dy, x, fwd[1], fwd[2], w, num_threads=1)]
+    for T in (2, 3):
+        got = cynorm.layer_norm_forward(x, w, b, num_threads=T)
+        assert all(np.array_equal(g.view(np.uint8), e) for g, e in zip(got, want)), T
+        got_b = cynorm.layer_norm_backward(dy, x, got[1], got[2], w, num_threads=T)
+        assert all(np.array_equal(g.view(np.uint8), e) for g, e in zip(got_b, want_b)), T
+
+
 def test_layer_norm_equals_forward_y(rng):
     x, _, w, b = make_inputs(rng, (5, 33), 1, (F32, F32))
     y = cynorm.layer_norm(x, w, b)

@@ -50,6 +50,8 @@ cdef extern from "cn_scratch.h" nogil:
 cdef extern from "cn_kernels.h" nogil:
     const char *CN_ISA_NAME
     const int CN_CHUNK
+    const int CN_LONG_GROUP
+    const int CN_LONG_GROUP_BIG
 
     ctypedef struct cn_fwd_args:
         const void *x
@@ -64,6 +66,7 @@ cdef extern from "cn_kernels.h" nogil:
         int center
         int stream
         int populate
+        int long_group
 
     ctypedef struct cn_bwd_args:
         const void *dy
@@ -147,6 +150,13 @@ cdef int64_t BLOCK_PARTIAL_ELEMS = 8 << 20
 # LONG_MIN_BLOCK_ROWS rows. (A constant, not a policy: it sets the bits.)
 cdef int64_t LONG_PART_BYTES = 256 << 10
 cdef int64_t LONG_MIN_BLOCK_ROWS = 64
+# Rows of which even two exceed TEAM_GROUP_BYTES do not fit in cache anyway:
+# the backward team path takes them LONG_GROUP_ROWS at a time with one thread
+# (the block partials are read and written, and the weight read, once per
+# that many rows; measured, rows of 8.4M elements, 1 thread: bf16 293-363 ->
+# 231-279 ms, fp32 476-597 -> 455-478), 4 at a time with more (with two
+# threads 16 lost: bf16 157 -> 272 ms). Grouping never changes a bit.
+cdef int64_t LONG_GROUP_ROWS = 16
 
 
 cdef inline int64_t _min(int64_t a, int64_t b) noexcept nogil:
@@ -274,7 +284,7 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t 
     cdef size_t part_bytes = N * ops.acc_size
     cdef int64_t S = TEAM_GROUP_BYTES // (N * 2 * ops.x_size)
     # rows that do not fit in cache anyway: a few at a time, for partial/weight reuse
-    S = _min(S if S > 1 else 4, B)
+    S = _min(S if S > 1 else (LONG_GROUP_ROWS if T == 1 else 4), B)
     cdef double *sums = <double *>malloc(S * nc * 2 * sizeof(double))
     cdef double *rowsums = <double *>malloc(S * 2 * sizeof(double))
     cdef char *blk_part = NULL
@@ -476,6 +486,7 @@ def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, 
                 if a.b != NULL:
                     _widen(half, a.b, wide + N, N)
                     a.b = wide + N
+        a.long_group = CN_LONG_GROUP_BIG if T == 1 else CN_LONG_GROUP   # see cn_kernels.h
         if rc == 0:
             rc = _forward(ops, &a, T)
         cn_scratch_put(0, wide)

@@ -758,10 +758,12 @@ static void FN(fwd_rows)(const cn_fwd_args *a, int64_t r0, int64_t r1)
     if (N <= SMALL_MAX) { FN(fwd_small)(a, r0, r1); return; }   /* (plain stores: no fence) */
     if (row_bytes <= CN_MED_ROW_BYTES) { FN(fwd_med)(a, r0, r1); return; }
     const PT *W = (const PT *)a->w, *B = (const PT *)a->b;
-    cn_row_stats st[CN_LONG_GROUP > 4 ? CN_LONG_GROUP : 4];   /* short rows: groups of up to 4 */
+    cn_row_stats st[CN_LONG_GROUP_BIG > 4 ? CN_LONG_GROUP_BIG : 4];   /* short rows: groups of up to 4 */
     if (row_bytes > CN_LONG_ROW_BYTES) {
-        for (int64_t r = r0; r < r1; r += CN_LONG_GROUP) {
-            const int64_t nb = r1 - r < CN_LONG_GROUP ? r1 - r : CN_LONG_GROUP;
+        const int64_t G = row_bytes * CN_LONG_GROUP <= CN_LONG_FIT_BYTES || a->long_group != CN_LONG_GROUP_BIG
+                              ? CN_LONG_GROUP : CN_LONG_GROUP_BIG;
+        for (int64_t r = r0; r < r1; r += G) {
+            const int64_t nb = r1 - r < G ? r1 - r : G;
             if (a->populate) cn_populate_write((XT *)a->y + r * N, (size_t)(nb * N) * sizeof(XT));
             for (int64_t i = 0; i < nb; i++) FN(fwd_row_stats)(a, r + i, &st[i]);
             for (int64_t c0 = 0; c0 < N; c0 += CN_APPLY_CHUNK)
