@@ -150,13 +150,17 @@ cdef int64_t BLOCK_PARTIAL_ELEMS = 8 << 20
 # LONG_MIN_BLOCK_ROWS rows. (A constant, not a policy: it sets the bits.)
 cdef int64_t LONG_PART_BYTES = 256 << 10
 cdef int64_t LONG_MIN_BLOCK_ROWS = 64
-# Rows of which even two exceed TEAM_GROUP_BYTES do not fit in cache anyway:
-# the backward team path takes them LONG_GROUP_ROWS at a time with one thread
-# (the block partials are read and written, and the weight read, once per
-# that many rows; measured, rows of 8.4M elements, 1 thread: bf16 293-363 ->
-# 231-279 ms, fp32 476-597 -> 455-478), 4 at a time with more (with two
-# threads 16 lost: bf16 157 -> 272 ms). Grouping never changes a bit.
-cdef int64_t LONG_GROUP_ROWS = 16
+
+
+cdef inline int _long_group(int T) noexcept nogil:
+    """Rows per group for rows too long for cache, forward and backward team path.
+
+    They come from DRAM twice anyway; bigger groups read the weight/bias (and
+    the backward's block partials) once per group. 16 with one thread (rows of
+    8.4M elements, 1 thread: bf16 backward 293-363 -> 231-279 ms, forward
+    156-163 -> 135), 4 with more (with two threads 16 lost: bf16 backward
+    157 -> 272 ms, fp32 forward 154 -> 192). Grouping never changes a bit."""
+    return CN_LONG_GROUP_BIG if T == 1 else CN_LONG_GROUP
 
 
 cdef inline int64_t _min(int64_t a, int64_t b) noexcept nogil:
@@ -284,7 +288,7 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t 
     cdef size_t part_bytes = N * ops.acc_size
     cdef int64_t S = TEAM_GROUP_BYTES // (N * 2 * ops.x_size)
     # rows that do not fit in cache anyway: a few at a time, for partial/weight reuse
-    S = _min(S if S > 1 else (LONG_GROUP_ROWS if T == 1 else 4), B)
+    S = _min(S if S > 1 else _long_group(T), B)
     cdef double *sums = <double *>malloc(S * nc * 2 * sizeof(double))
     cdef double *rowsums = <double *>malloc(S * 2 * sizeof(double))
     cdef char *blk_part = NULL
@@ -486,7 +490,7 @@ def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, 
                 if a.b != NULL:
                     _widen(half, a.b, wide + N, N)
                     a.b = wide + N
-        a.long_group = CN_LONG_GROUP_BIG if T == 1 else CN_LONG_GROUP   # see cn_kernels.h
+        a.long_group = _long_group(T)
         if rc == 0:
             rc = _forward(ops, &a, T)
         cn_scratch_put(0, wide)

@@ -59,8 +59,9 @@ enum {
  * each weight/bias chunk once per 16 rows instead of once per 4 (measured,
  * rows of 8.4M elements, bf16, 1 thread: 156-163 -> 135 ms). With two threads
  * 16-row groups lost (fp32: 154 -> 192 ms; 2 x 16 concurrent row streams), so
- * the driver sets the group size from the thread count (cn_fwd_args.long_group);
- * grouping never changes a bit. */
+ * the driver sets the group size from the thread count (_long_group in
+ * _kernels.pxi, for this forward through cn_fwd_args.long_group and for the
+ * backward team path); grouping never changes a bit. */
 #ifndef CN_LONG_GROUP
 #define CN_LONG_GROUP 4
 #endif
@@ -91,7 +92,7 @@ typedef struct {
     int center;          /* 1: LayerNorm, 0: RMSNorm */
     int stream;          /* write y with non-temporal stores (large outputs) */
     int populate;        /* y is fresh: fault in each long-row group's pages first (cn_populate_write) */
-    int long_group;      /* rows per group for rows too long for cache: CN_LONG_GROUP or _BIG */
+    int long_group;      /* rows per group for rows too long for cache (<= CN_LONG_GROUP_BIG) */
 } cn_fwd_args;
 
 typedef struct {

@@ -396,10 +396,15 @@ static int FN(row_is_constant)(const XT *x, int64_t n)
  *   subnormals, where the mean has no relative precision left, so
  *   (x - mean) * rstd would be off. A constant row is exact as it is (y == b).
  * All rare; the common case costs two compares. */
+CN_INLINE int FN(may_need_rescue)(double delta, double m2, double inv_n)
+{
+    return !(isfinite(delta) && isfinite(m2) && m2 * inv_n >= TINY_VAR);
+}
+
 static int FN(wants_rescue)(const cn_fwd_args *a, const XT *x, double delta, double m2, double inv_n)
 {
+    if (!CN_UNLIKELY(FN(may_need_rescue)(delta, m2, inv_n))) return 0;
     if (CN_UNLIKELY(!(isfinite(delta) && isfinite(m2)))) return FN(row_is_finite)(x, a->N);
-    if (!CN_UNLIKELY(m2 * inv_n < TINY_VAR)) return 0;
     if (a->eps >= TINY_VAR && (!a->center || FN(row_is_constant)(x, a->N))) return 0;
     return FN(row_is_finite)(x, a->N);
 }
@@ -510,7 +515,7 @@ CN_INLINE int FN(block_scalars)(const cn_fwd_args *a, int64_t r0, int64_t nrows,
         FN(split_mean)((double)pv[i], dd[i], &mh[i], &lo);
         rs[i] = (AT)rstd[i];
         lr[i] = -lo * rs[i];
-        odd |= !(isfinite(dd[i]) && isfinite(m2[i]) && m2[i] * inv_n >= TINY_VAR);
+        odd |= FN(may_need_rescue)(dd[i], m2[i], inv_n);
     }
     if (a->mean) for (i = 0; i < nrows; i++) ((AT *)a->mean)[r0 + i] = mh[i];
     for (i = 0; i < nrows; i++) ((AT *)a->rstd)[r0 + i] = rs[i];
@@ -760,8 +765,8 @@ static void FN(fwd_rows)(const cn_fwd_args *a, int64_t r0, int64_t r1)
     const PT *W = (const PT *)a->w, *B = (const PT *)a->b;
     cn_row_stats st[CN_LONG_GROUP_BIG > 4 ? CN_LONG_GROUP_BIG : 4];   /* short rows: groups of up to 4 */
     if (row_bytes > CN_LONG_ROW_BYTES) {
-        const int64_t G = row_bytes * CN_LONG_GROUP <= CN_LONG_FIT_BYTES || a->long_group != CN_LONG_GROUP_BIG
-                              ? CN_LONG_GROUP : CN_LONG_GROUP_BIG;
+        /* a->long_group (<= CN_LONG_GROUP_BIG) only for rows that do not fit in cache anyway */
+        const int64_t G = row_bytes * CN_LONG_GROUP <= CN_LONG_FIT_BYTES ? CN_LONG_GROUP : a->long_group;
         for (int64_t r = r0; r < r1; r += G) {
             const int64_t nb = r1 - r < G ? r1 - r : G;
             if (a->populate) cn_populate_write((XT *)a->y + r * N, (size_t)(nb * N) * sizeof(XT));
