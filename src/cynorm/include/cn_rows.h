@@ -1251,6 +1251,11 @@ static void FN(bwd_rows)(const cn_bwd_args *a, int64_t r0, int64_t r1, void *dwp
      * pass 1, four at a time, before any takes pass 2, so that one row's
      * reduction latency overlaps other rows' work */
     const int GR = RB < 4 ? RB : pair_bytes * 16 <= CN_BWD_SHORT_BYTES ? 16 : pair_bytes * 8 <= CN_BWD_SHORT_BYTES ? 8 : 4;
+    /* Pass 2 prefetches the group after next when one group of 32-bit (or wider)
+     * rows takes DRAM longer to deliver than pass 2 takes to compute (twice the
+     * bytes of 16-bit rows for the same arithmetic), else the next group (see
+     * CN_BWD_FAR_BYTES) */
+    const int64_t pf_rows = sizeof(XT) >= 4 && pair_bytes * GR >= CN_BWD_FAR_BYTES ? 2 * GR : GR;
     for (int64_t r = r0; r < r1; r += GR) {
         const int ng = r1 - r < GR ? (int)(r1 - r) : GR;
         double s1[16], s2[16];
@@ -1264,7 +1269,7 @@ static void FN(bwd_rows)(const cn_bwd_args *a, int64_t r0, int64_t r1, void *dwp
                 for (int i = 0; i < nb; i++) { s1[sg + i] += (double)t1[i]; s2[sg + i] += (double)t2[i]; }
             }
         }
-        for (int i = 0; i < ng; i++) FN(bwd_row_dx)(a, r + i, GR, s1[i], s2[i]);
+        for (int i = 0; i < ng; i++) FN(bwd_row_dx)(a, r + i, pf_rows, s1[i], s2[i]);
     }
     if (a->stream) cn_stream_fence();
 }
