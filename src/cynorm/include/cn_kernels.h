@@ -8,7 +8,6 @@
 #ifndef CN_KERNELS_H
 #define CN_KERNELS_H
 
-#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stddef.h>

@@ -398,8 +398,8 @@ static int FN(row_is_constant)(const XT *x, int64_t n)
  * All rare; the common case costs two compares. */
 CN_INLINE int FN(may_need_rescue)(double delta, double m2, double inv_n)
 {
-    /* (&, not &&: no branches, so that loops over a block vectorize) */
-    return !((fabs(delta) <= DBL_MAX) & (fabs(m2) <= DBL_MAX) & (m2 * inv_n >= TINY_VAR));
+    /* (&, not &&: no branches, so that a loop over a block vectorizes) */
+    return !(isfinite(delta) & isfinite(m2) & (m2 * inv_n >= TINY_VAR));
 }
 
 static int FN(wants_rescue)(const cn_fwd_args *a, const XT *x, double delta, double m2, double inv_n)
