@@ -897,13 +897,16 @@ static void FN(bwd_chunk_rows)(const cn_bwd_args *a, int64_t r, int R, int64_t c
 #undef CN_CALL
 }
 
-/* Team path, phase A: the sums of R rows (1..4) from r over one chunk, no
- * partials (phase C adds those); row i's sums go to s1[i*stride], s2[i*stride]. */
+/* Team path, phase A: the sums of R rows (1..4) from r over one chunk; row
+ * i's sums go to s1[i*stride], s2[i*stride]. With dwp, the rows are also
+ * added into the block partials (init: row r is the block's first). */
 static void FN(bwd_chunk)(const cn_bwd_args *a, int64_t r, int R, int64_t c0, int64_t c1, double *s1, double *s2,
-                          int64_t stride)
+                          int64_t stride, void *dwp, void *dbp, int init)
 {
     AT t1[4], t2[4];
-    FN(bwd_chunk_rows)(a, r, R, c0, c1, NULL, NULL, 0, t1, t2);
+    if (!a->center) dbp = NULL;
+    if (!a->w) dwp = dbp = NULL;
+    FN(bwd_chunk_rows)(a, r, R, c0, c1, dwp, dbp, init, t1, t2);
     for (int i = 0; i < R; i++) {
         s1[i * stride] = (double)t1[i];
         s2[i * stride] = (double)t2[i];
