@@ -87,3 +87,12 @@ def test_long_rows_any_grouping(isa_level, pair, norm, rng, force_parallel):
                     assert np.array_equal(g, e), f"group {group_bytes}, T={T}: output {i} differs"
         finally:
             k._policy("team_group_bytes", old)
+    # one thread adds the partials in phase A while they fit in cache, else in
+    # phase C (as more threads do): both give the same bits
+    old = k._policy("parts_in_a_bytes", 0)
+    try:
+        got = _run(norm, x, dy, w, b, 1)
+        for i, (g, e) in enumerate(zip(got, want)):
+            assert np.array_equal(g, e), f"partials in phase C, T=1: output {i} differs"
+    finally:
+        k._policy("parts_in_a_bytes", old)

@@ -150,6 +150,13 @@ cdef int64_t BLOCK_PARTIAL_ELEMS = 8 << 20
 # LONG_MIN_BLOCK_ROWS rows. (A constant, not a policy: it sets the bits.)
 cdef int64_t LONG_PART_BYTES = 256 << 10
 cdef int64_t LONG_MIN_BLOCK_ROWS = 64
+# With one thread, the backward team path adds the rows into the block
+# partials in phase A (see _backward_team) while the partials take at most
+# this many bytes and stay in cache from one pair of rows to the next.
+# Measured: rows of 401408 (3.2 MB of partials) gain; rows of 8.4M (67 MB, from
+# DRAM twice per pair instead of once per four rows) lose, bf16 out= 248-258
+# -> 272 ms. Sizes in between were not measured. Changes no bit.
+cdef int64_t PARTS_IN_A_BYTES = 4 << 20
 
 
 cdef inline int _long_group(int T) noexcept nogil:
@@ -283,10 +290,11 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t 
     and adding each row into the block partial -- the order bwd_rows uses, so
     the bits match the row path.
 
-    With one thread, phase A adds the rows into the partial instead (pairs in
-    row order, the same operations), and phase C rereads only x, dy and the
-    weight: (64,128,56,56), out=, 5 alternating rounds, bf16 7.60 -> 7.23 ms,
-    fp32 13.28 -> 12.82. With more, one chunk's pairs run on different
+    With one thread and partials that stay in cache (PARTS_IN_A_BYTES), phase
+    A adds the rows into the partial instead (pairs in row order, the same
+    operations), and phase C rereads only x, dy and the weight:
+    (64,128,56,56), out=, 5 alternating rounds, bf16 7.60 -> 7.23 ms, fp32
+    13.28 -> 12.82. With more threads, one chunk's pairs run on different
     threads, so the partial stays in phase C, where a thread owns its chunks."""
     cdef int64_t M = a.M, N = a.N, K = CN_CHUNK
     cdef int64_t nc = (N + K - 1) // K
@@ -309,6 +317,7 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t 
     cdef char *dwp
     cdef char *dbp
     cdef double acc1, acc2
+    cdef bint parts_in_a = T == 1 and k * part_bytes <= PARTS_IN_A_BYTES
     with parallel(num_threads=T):
         for blk in range(nb):
             r0 = blk * B
@@ -332,7 +341,7 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t 
                     r = s0 + 2 * i
                     ops.bwd_chunk(a, r, <int>_min(2, s1 - r), c * K, _min(N, c * K + K),
                                   &sums[((r - s0) * nc + c) * 2], &sums[((r - s0) * nc + c) * 2 + 1], nc * 2,
-                                  dwp if T == 1 else NULL, dbp if T == 1 else NULL, r == r0)
+                                  dwp if parts_in_a else NULL, dbp if parts_in_a else NULL, r == r0)
                 for i in prange(s1 - s0, schedule='static'):
                     acc1 = 0.0
                     acc2 = 0.0
@@ -343,7 +352,7 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t 
                     rowsums[2 * i + 1] = acc2
                 for c in prange(nc, schedule='static'):
                     ops.bwd_apply(a, s0, s1 - s0, c * K, _min(N, c * K + K), rowsums,
-                                  dwp if T > 1 else NULL, dbp if T > 1 else NULL, r0)
+                                  NULL if parts_in_a else dwp, NULL if parts_in_a else dbp, r0)
                 s0 = s1
             if k and blk > 0:
                 for c in prange(nc, schedule='static'):
@@ -571,7 +580,7 @@ def _policy(str name, int64_t value=-1):
 
     For tests and tuning only -- e.g. ("min_elems_per_thread", 1) makes tiny
     inputs take the parallel paths. None of these changes a result bit."""
-    global MIN_ELEMS_PER_THREAD, TEAM_GROUP_BYTES, PART_CACHE_BYTES, STREAM_MIN_BYTES, OVERSUBSCRIBE
+    global MIN_ELEMS_PER_THREAD, TEAM_GROUP_BYTES, PART_CACHE_BYTES, STREAM_MIN_BYTES, OVERSUBSCRIBE, PARTS_IN_A_BYTES
     cdef int64_t old
     if name == "oversubscribe":
         old = OVERSUBSCRIBE
@@ -585,6 +594,9 @@ def _policy(str name, int64_t value=-1):
     elif name == "part_cache_bytes":
         old = PART_CACHE_BYTES
         if value >= 0: PART_CACHE_BYTES = value
+    elif name == "parts_in_a_bytes":
+        old = PARTS_IN_A_BYTES
+        if value >= 0: PARTS_IN_A_BYTES = value
     elif name == "stream_min_bytes":
         old = STREAM_MIN_BYTES
         if value >= 0: STREAM_MIN_BYTES = value
