@@ -873,7 +873,8 @@ static void FN(bwd_chunk_rows)(const cn_bwd_args *a, int64_t r, int R, int64_t c
     const int64_t N = a->N, n = c1 - c0;
     const XT *dy = (const XT *)a->dy + r * N + c0, *x = (const XT *)a->x + r * N + c0;
     const PT *w = a->w ? (const PT *)a->w + c0 : NULL;
-    AT *dwp = dwp_ ? (AT *)dwp_ + c0 : NULL, *dbp = dbp_ ? (AT *)dbp_ + c0 : NULL;
+    /* partials only with a weight, dbias only for LayerNorm: checked here for both callers */
+    AT *dwp = dwp_ && w ? (AT *)dwp_ + c0 : NULL, *dbp = dbp_ && dwp && a->center ? (AT *)dbp_ + c0 : NULL;
     const AT *mean = a->center ? (const AT *)a->mean + r : NULL, *rstd = (const AT *)a->rstd + r;
 #define CN_CALL(RR, C, W, P, I) FN(bwd_sums_impl)(dy, x, w, n, N, mean, rstd, dwp, dbp, RR, C, W, P, I, s1, s2)
 #define CN_BY_R(C, W, P, I)                                                                       \
@@ -904,8 +905,6 @@ static void FN(bwd_chunk)(const cn_bwd_args *a, int64_t r, int R, int64_t c0, in
                           int64_t stride, void *dwp, void *dbp, int init)
 {
     AT t1[4], t2[4];
-    if (!a->center) dbp = NULL;
-    if (!a->w) dwp = dbp = NULL;
     FN(bwd_chunk_rows)(a, r, R, c0, c1, dwp, dbp, init, t1, t2);
     for (int i = 0; i < R; i++) {
         s1[i * stride] = (double)t1[i];
