@@ -96,3 +96,41 @@ def test_long_rows_any_grouping(isa_level, pair, norm, rng, force_parallel):
             assert np.array_equal(g, e), f"partials in phase C, T=1: output {i} differs"
     finally:
         k._policy("parts_in_a_bytes", old)
+
+
+def _at(a, offset):
+    """A copy of a whose data starts `offset` bytes past a 64-byte boundary."""
+    buf = np.empty(a.nbytes + 128, np.uint8)
+    start = (offset - buf.ctypes.data) % 64
+    out = buf[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    assert out.ctypes.data % 64 == offset
+    return out
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("pair", PAIRS)
+def test_array_addresses_change_no_bit(isa_level, pair, norm, rng, force_parallel):
+    """The backward takes another route through the rows when x, dy and dx
+    all start on 64-byte boundaries (as NumPy's large arrays do not): the
+    same bits as from arrays 16 bytes off, streamed or not, at 1 and 3 threads."""
+    for shape in [(70, 1024), (33, 2064)]:
+        x, dy, w, b = make_inputs(rng, shape, 1, pair)
+        if norm == "layer":
+            _, mean, rstd = cynorm.layer_norm_forward(x, w, b)
+            call = lambda x_, dy_, out, T: cynorm.layer_norm_backward(dy_, x_, mean, rstd, w, num_threads=T, out=out)
+        else:
+            _, rstd = cynorm.rms_norm_forward(x, w)
+            call = lambda x_, dy_, out, T: cynorm.rms_norm_backward(dy_, x_, rstd, w, num_threads=T, out=out)
+        for stream_min in (None, 0):
+            old = _isa.kernels._policy("stream_min_bytes", stream_min if stream_min is not None else -1)
+            try:
+                for T in (1, 3):
+                    runs = []
+                    for offset in (0, 16):
+                        got = call(_at(x, offset), _at(dy, offset), _at(np.zeros_like(x), offset), T)
+                        runs.append(_bits(got))
+                    for i, (g, e) in enumerate(zip(*runs)):
+                        assert np.array_equal(g, e), f"{shape} T={T}: output {i} depends on the addresses"
+            finally:
+                _isa.kernels._policy("stream_min_bytes", old)
