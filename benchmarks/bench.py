@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """cynorm benchmarks, side by side with PyTorch (optional) and the memory floor.
 
-    python benchmarks/bench.py seed [--threads N] [--axes chw|last|both] [--quick] [--json F]
-    python benchmarks/bench.py roofline [--threads N] [--json F]
+    python benchmarks/bench.py seed [--threads N] [--axes chw|last|both] [--quick] [--aligned] [--json F]
+    python benchmarks/bench.py roofline [--threads N] [--aligned] [--json F]
     python benchmarks/bench.py scaling --threads 1,2,4,8 [--quick] --json F --plot P.png
 
 Each library runs in its own worker process (two OpenMP runtimes in one process
@@ -126,7 +126,17 @@ def _timeit(fn, budget, min_reps=3, max_reps=2000, warmup=None):
 _WARMUP = 0.3
 
 
-def _make_data(shape, axis, mode, seed=0):
+def _aligned(a):
+    """A copy of a whose data starts on a 64-byte boundary."""
+    import numpy as np
+    buf = np.empty(a.nbytes + 64, np.uint8)
+    start = -buf.ctypes.data % 64
+    out = buf[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+def _make_data(shape, axis, mode, seed=0, aligned=False):
     import numpy as np
     from ml_dtypes import bfloat16
 
@@ -138,6 +148,8 @@ def _make_data(shape, axis, mode, seed=0):
     ns = shape[axis:]
     w = (1 + 0.1 * rng.standard_normal(ns, dtype=np.float32)).astype(pd)
     b = (0.1 * rng.standard_normal(ns, dtype=np.float32)).astype(pd)
+    if aligned:
+        x, dy = _aligned(x), _aligned(dy)
     return x, dy, w, b
 
 
@@ -153,14 +165,16 @@ def _run_request(lib, req):
     prealloc = req.get("prealloc", False)
     global _WARMUP
     _WARMUP = warmup
-    x, dy, w, b = _make_data(shape, axis, mode)
+    aligned = req.get("aligned", False)
+    x, dy, w, b = _make_data(shape, axis, mode, aligned=aligned)
+    empty_like = (lambda a: _aligned(np.empty_like(a))) if aligned else np.empty_like
     out = {}
     if lib == "numpy":
         # the floors: same bytes, no math
         xv = x.view(np.uint16) if x.itemsize == 2 else x
         dyv = dy.view(np.uint16) if x.itemsize == 2 else dy
         if prealloc:
-            dst = np.empty_like(xv)
+            dst = empty_like(xv)
             out["copy_prealloc"] = _timeit(lambda: np.copyto(dst, xv), budget)
         else:
             if "fwd" in directions:
@@ -172,14 +186,14 @@ def _run_request(lib, req):
 
         if norm == "layer":
             y, mean, rstd = cynorm.layer_norm_forward(x, w, b, axis=axis, num_threads=threads)
-            yo = np.empty_like(x) if prealloc else None
-            dxo = np.empty_like(x) if prealloc else None
+            yo = empty_like(x) if prealloc else None
+            dxo = empty_like(x) if prealloc else None
             fwd = lambda: cynorm.layer_norm_forward(x, w, b, axis=axis, num_threads=threads, out=yo)
             bwd = lambda: cynorm.layer_norm_backward(dy, x, mean, rstd, w, axis=axis, num_threads=threads, out=dxo)
         else:
             y, rstd = cynorm.rms_norm_forward(x, w, axis=axis, num_threads=threads)
-            yo = np.empty_like(x) if prealloc else None
-            dxo = np.empty_like(x) if prealloc else None
+            yo = empty_like(x) if prealloc else None
+            dxo = empty_like(x) if prealloc else None
             fwd = lambda: cynorm.rms_norm_forward(x, w, axis=axis, num_threads=threads, out=yo)
             bwd = lambda: cynorm.rms_norm_backward(dy, x, rstd, w, axis=axis, num_threads=threads, out=dxo)
         if "fwd" in directions:
@@ -346,7 +360,7 @@ def cmd_seed(args):
             big = n >= LARGE
             cell_budget = budget * (3 if n >= 1e8 else 1)
             req = {"shape": shape, "axis": axis, "mode": mode, "threads": args.threads, "norm": args.norm,
-                   "budget": cell_budget, "directions": ["fwd", "bwd"]}
+                   "budget": cell_budget, "directions": ["fwd", "bwd"], "aligned": args.aligned}
             _progress(f"[{i}/{len(cells)}] {shape} {_axes_name(shape, axis)} {mode} ...")
             libs = [lib for lib, w in workers.items() if w.available and (lib != "numpy" or big)]
             res = {lib: {} for lib in workers}
@@ -370,6 +384,7 @@ def cmd_seed(args):
         for w in workers.values():
             w.close()
     meta = {"command": "seed", "threads": args.threads, "norm": args.norm, "machine": _machine(),
+            "aligned": args.aligned,
             "cynorm": workers["cynorm"].info, "torch": workers.get("torch").info if "torch" in workers else None}
     _print_seed(rows, meta)
     if args.json:
@@ -384,7 +399,7 @@ def _print_seed(rows, meta):
     tv = (meta.get("torch") or {}).get("version")
     print(f"\n### cynorm {meta['cynorm'].get('version')} ({cfg.get('isa')}) vs "
           f"{'torch ' + tv if tv else 'no torch'} -- {meta['norm']} norm, {meta['threads']} thread(s), "
-          f"{meta['machine']['cpu_model']}\n")
+          f"{meta['machine']['cpu_model']}{', 64-byte aligned inputs' if meta.get('aligned') else ''}\n")
     print("Times in ms (median). speedup = torch / cynorm. floor = NumPy copy (fwd) or elementwise op (bwd) "
           "into a fresh array; eff = floor / cynorm.\n")
     print("| shape | axes | mode | fwd cynorm | fwd torch | fwd speedup | bwd cynorm | bwd torch | bwd speedup "
@@ -419,7 +434,8 @@ def cmd_roofline(args):
             for mode in args.modes:
                 _progress(f"roofline {shape} {mode} ...")
                 req = {"shape": shape, "axis": axis, "mode": mode, "threads": args.threads, "norm": args.norm,
-                       "budget": 0.5, "directions": ["fwd", "bwd"], "prealloc": True}
+                       "budget": 0.5, "directions": ["fwd", "bwd"], "prealloc": True,
+                       "aligned": args.aligned}
                 got = _measure(workers, req, ["cynorm", "numpy"])
                 c, f = got["cynorm"], got["numpy"]
                 itemsize = 2 if MODES[mode][0] in ("bfloat16", "float16") else 4
@@ -434,7 +450,8 @@ def cmd_roofline(args):
     finally:
         for w in workers.values():
             w.close()
-    print(f"\n### Roofline, out= preallocated, {args.threads} thread(s), {_machine()['cpu_model']}\n")
+    print(f"\n### Roofline, out= preallocated, {args.threads} thread(s), {_machine()['cpu_model']}"
+          f"{', 64-byte aligned arrays' if args.aligned else ''}\n")
     print("Bandwidth = bytes moved / median time: forward reads x and writes y; backward reads x and dy and "
           "writes dx. frac = fraction of a NumPy copy into an existing array (np.copyto), measured in the "
           "same run.\n")
@@ -474,7 +491,8 @@ def cmd_scaling(args):
                               + (" (oversubscribed)" if t > cores else ""))
                     r = _measure({"cynorm": w}, {"shape": shape, "axis": axis, "mode": mode, "threads": t,
                                                  "norm": args.norm, "budget": budget,
-                                                 "directions": ["fwd", "bwd"]}, ["cynorm"])
+                                                 "directions": ["fwd", "bwd"], "aligned": args.aligned},
+                                 ["cynorm"])
                     per_t[t] = r["cynorm"]
                 itemsize = 2 if MODES[mode][0] in ("bfloat16", "float16") else 4
                 nbytes = math.prod(shape) * itemsize
@@ -493,7 +511,8 @@ def cmd_scaling(args):
                                         "isa": isa, "cpu_model": cpu, "cores": cores})
     finally:
         w.close()
-    print(f"\n### Thread scaling: cynorm ({isa}) on {cpu}, {cores} cores\n")
+    print(f"\n### Thread scaling: cynorm ({isa}) on {cpu}, {cores} cores"
+          f"{', 64-byte aligned inputs' if args.aligned else ''}\n")
     print("speedup = time(1 thread) / time(n); efficiency = speedup / n; GB/s counts x (+dy) read and y/dx "
           "written. Rows marked * ask for more threads than cores: cynorm caps them at the core count "
           "unless CYNORM_OVERSUBSCRIBE=1.\n")
@@ -555,6 +574,9 @@ def main(argv=None):
                         help="comma list like 64x128x56x56,4096x4096 (overrides the defaults)")
         sp.add_argument("--json", help="also write the results here")
         sp.add_argument("--quick", action="store_true", help="fewer repetitions, no 2-GB shape")
+        sp.add_argument("--aligned", action="store_true",
+                        help="x and dy (and out= buffers) on 64-byte boundaries, as torch and JAX allocate "
+                             "them; by default they are NumPy's own (large ones start 16 bytes past one)")
 
     s = sub.add_parser("seed", help="the seed table, side by side with torch and the floors")
     common(s)
