@@ -1270,9 +1270,8 @@ static void FN(bwd_rows)(const cn_bwd_args *a, int64_t r0, int64_t r1, void *dwp
     /* 32-bit and wider rows with partials, all rows vector-aligned (64 bytes
      * with AVX-512; other levels were not measured): pass 1 only sums, one
      * row at a time, and pass 2 adds the rows into the partials from cache,
-     * 4 at a time (bwd_dx_rows_acc). Pass 1 waits on
-     * DRAM, and the partials' stores among its loads keep fewer loads in
-     * flight. Measured, 1 thread, out=, aligned arrays, medians of 6
+     * 4 at a time (bwd_dx_rows_acc). Pass 1 waits on DRAM, and the
+     * partials' stores among its loads keep fewer loads in flight. Measured, 1 thread, out=, aligned arrays, medians of 6
      * alternating rounds: fp32 (16384,1024) 6.97 -> 5.82 ms, (4096,4096)
      * 6.85 -> 5.86, (8192,2048) 6.99 -> 5.63; rows of 256 unchanged;
      * standalone C, ns a row: (800,20000) fp32 9212-9694 -> 6564-6608,
