@@ -70,9 +70,14 @@ enum {
 #ifndef CN_APPLY_CHUNK
 #define CN_APPLY_CHUNK 2048
 #endif
-/* Fresh outputs of short rows are faulted in slabs of this many bytes. */
+/* Fresh outputs of short rows are faulted in slabs of this many bytes ... */
 #ifndef CN_POPULATE_BYTES
 #define CN_POPULATE_BYTES (1 << 20)
+#endif
+/* ... and a fresh dx of 32-bit or wider rows of at least this many bytes is
+ * written with plain stores, not non-temporal ones (see bwd_rows). */
+#ifndef CN_FRESH_PLAIN_ROW_BYTES
+#define CN_FRESH_PLAIN_ROW_BYTES (4 << 10)
 #endif
 /* Backward, short rows: x and dy of the rows that take pass 1 before any takes pass 2. */
 #ifndef CN_BWD_SHORT_BYTES
