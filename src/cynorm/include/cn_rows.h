@@ -1291,9 +1291,10 @@ static void FN(bwd_rows)(const cn_bwd_args *a, int64_t r0, int64_t r1, void *dwp
      * the aligned route: fault it in ~CN_POPULATE_BYTES slabs (whole groups)
      * just before they are written, and write it with plain stores, which
      * find the OS's freshly zeroed lines in cache (a non-temporal store
-     * evicts such a line first). Measured, fp32, 1 thread, allocating, nine
-     * A/B runs of 4-12 alternating rounds: (4096,4096) 9.62-10.38 ->
-     * 9.07-9.92 ms (two runs even), (16384,1024) 9.45-10.44 -> 9.04-9.76. Not
+     * evicts such a line first). Measured, fp32, 1 thread, allocating, A/B
+     * runs of 4-12 alternating rounds: (4096,4096) 9.62-10.38 -> 9.07-9.92
+     * ms (nine runs, two even), (16384,1024) 9.45-10.44 -> 9.04-9.76 (eight
+     * runs, all gained). Not
      * for: rows of 256 (17.8-19.0 -> 19.8-20.6), the aligned route ((4096,4096)
      * 8.73 -> 9.80, (16384,1024) 8.71 -> 10.27), the forward (fp32 rows of
      * 1024 -4%, of 4096 +3%; bf16 rows of 4096 +10%); bf16 rows and 2 threads
