@@ -142,6 +142,14 @@ CN_INLINE void cn_moments_merge(cn_moments *a, const cn_moments *b)
     a->n = n;
 }
 
+/* Rows per slab when a fresh output is faulted in just before it is written:
+ * whole groups of `group` rows, about CN_POPULATE_BYTES, at least one group. */
+CN_INLINE int64_t cn_populate_slab_rows(int64_t row_bytes, int64_t group)
+{
+    const int64_t group_bytes = group * row_bytes;
+    return group_bytes >= CN_POPULATE_BYTES ? group : group * (CN_POPULATE_BYTES / group_bytes);
+}
+
 CN_INLINE double cn_rstd(double m2, double n, double eps)
 {
     double var = m2 / n;

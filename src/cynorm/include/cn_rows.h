@@ -753,7 +753,7 @@ static void FN(fwd_rows)(const cn_fwd_args *a, int64_t r0, int64_t r1)
     if (a->populate && row_bytes <= CN_LONG_ROW_BYTES) {
         /* fresh output: fault in ~1 MB slabs just before they are written
          * (long rows do it per group, below); rows never depend on the slab */
-        const int64_t slab = row_bytes >= CN_POPULATE_BYTES ? 1 : CN_POPULATE_BYTES / row_bytes;
+        const int64_t slab = cn_populate_slab_rows(row_bytes, 1);
         cn_fwd_args b = *a;
         b.populate = 0;
         for (int64_t r = r0; r < r1; r += slab) {
@@ -1274,9 +1274,10 @@ static void FN(bwd_rows)(const cn_bwd_args *a, int64_t r0, int64_t r1, void *dwp
      * with AVX-512; other levels were not measured): pass 1 only sums, one
      * row at a time, and pass 2 adds the rows into the partials from cache,
      * 4 at a time (bwd_dx_rows_acc). Pass 1 waits on DRAM, and the
-     * partials' stores among its loads keep fewer loads in flight. Measured, 1 thread, out=, aligned arrays, medians of 6
-     * alternating rounds: fp32 (16384,1024) 6.97 -> 5.82 ms, (4096,4096)
-     * 6.85 -> 5.86, (8192,2048) 6.99 -> 5.63; rows of 256 unchanged;
+     * partials' stores among its loads keep fewer loads in flight. Measured,
+     * 1 thread, out=, aligned arrays, medians of 6 alternating rounds: fp32
+     * (16384,1024) 6.97 -> 5.82 ms, (4096,4096) 6.85 -> 5.86, (8192,2048)
+     * 6.99 -> 5.63; rows of 256 unchanged;
      * standalone C, ns a row: (800,20000) fp32 9212-9694 -> 6564-6608,
      * (4096,4096) fp64 2143-2204 -> 1746-1775. Kept as before: rows off
      * 64-byte alignment (as NumPy's own large arrays are, 16 bytes past):
@@ -1288,27 +1289,30 @@ static void FN(bwd_rows)(const cn_bwd_args *a, int64_t r0, int64_t r1, void *dwp
                            (N * (int64_t)sizeof(XT)) % STREAM_ALIGN == 0;
     const int P1 = late_parts ? 1 : RB;
     /* Fresh dx, 32-bit or wider rows of CN_FRESH_PLAIN_ROW_BYTES or more, off
-     * the aligned route: fault it in ~CN_POPULATE_BYTES slabs (whole groups)
-     * just before they are written, and write it with plain stores, which
-     * find the OS's freshly zeroed lines in cache (a non-temporal store
+     * the aligned route: fault it in slabs of whole groups just before they
+     * are written (cn_populate_slab_rows), and write it with plain stores,
+     * which find the OS's freshly zeroed lines in cache (a non-temporal store
      * evicts such a line first). Measured, fp32, 1 thread, allocating, A/B
-     * runs of 4-12 alternating rounds: (4096,4096) 9.62-10.38 -> 9.07-9.92
-     * ms (nine runs, two even), (16384,1024) 9.45-10.44 -> 9.04-9.76 (eight
-     * runs, all gained). Not
-     * for: rows of 256 (17.8-19.0 -> 19.8-20.6), the aligned route ((4096,4096)
-     * 8.73 -> 9.80, (16384,1024) 8.71 -> 10.27), the forward (fp32 rows of
-     * 1024 -4%, of 4096 +3%; bf16 rows of 4096 +10%); bf16 rows and 2 threads
-     * changed nothing. Other fresh dx: the block's pages are faulted in before
-     * its rows are read (see cn_populate_write). Neither changes a bit. */
+     * runs of 4-12 alternating rounds: (4096,4096) 9.62-10.38 -> 9.07-9.92 ms
+     * (nine runs, two even), (16384,1024) 9.45-10.44 -> 9.04-9.76 (eight
+     * runs, all gained). Not for: rows of 256 (17.8-19.0 -> 19.8-20.6), the
+     * aligned route ((4096,4096) 8.73 -> 9.80, (16384,1024) 8.71 -> 10.27),
+     * the forward (fp32 rows of 1024 -4%, of 4096 +3%; bf16 rows of 4096
+     * +10%); bf16 rows and 2 threads changed nothing. Other fresh dx: the
+     * block's pages are faulted in before its rows are read (see
+     * cn_populate_write). Neither changes a bit. */
     const int fresh_plain = a->populate && !late_parts && sizeof(XT) >= 4 &&
                             N * (int64_t)sizeof(XT) >= CN_FRESH_PLAIN_ROW_BYTES;
-    cn_bwd_args plain = *a;
-    plain.stream = 0;
-    plain.populate = 0;
-    if (a->populate && !fresh_plain) cn_populate_write((XT *)a->dx + r0 * N, (size_t)((r1 - r0) * N) * sizeof(XT));
-    if (fresh_plain) a = &plain;
-    const int64_t dx_group_bytes = GR * N * (int64_t)sizeof(XT);
-    const int64_t slab = dx_group_bytes >= CN_POPULATE_BYTES ? GR : GR * (CN_POPULATE_BYTES / dx_group_bytes);
+    cn_bwd_args plain;
+    if (fresh_plain) {
+        plain = *a;
+        plain.stream = 0;
+        plain.populate = 0;
+        a = &plain;
+    } else if (a->populate) {
+        cn_populate_write((XT *)a->dx + r0 * N, (size_t)((r1 - r0) * N) * sizeof(XT));
+    }
+    const int64_t slab = cn_populate_slab_rows(N * (int64_t)sizeof(XT), GR);
     for (int64_t r = r0; r < r1; r += GR) {
         const int ng = r1 - r < GR ? (int)(r1 - r) : GR;
         if (fresh_plain && (r - r0) % slab == 0)
