@@ -126,3 +126,22 @@ def test_gil_is_released_during_a_call():
         worker.join()
     # if the kernels held the GIL, this loop would barely run while they work
     assert ticks > 10_000, (ticks, elapsed)
+
+
+@pytest.mark.parametrize("T", [1, 2, 3, 8])
+@pytest.mark.parametrize("lo, hi", [(0, 3 << 20), (1 << 20, (1 << 20) + 3_211_264), (5 << 20, 6 << 20),
+                                    (123_456, 123_456 + (41 << 20) + 777), (4 << 20, 4 << 20)])
+def test_page_population_shares(T, lo, hi):
+    """Threads fault in a fresh output's pages in disjoint shares that cover it
+    and meet only on 2 MiB boundaries (no huge page is zeroed twice), with the
+    new pages dealt out evenly."""
+    page = 2 << 20
+    edges = _isa.kernels._share_edges(lo, hi, T)
+    assert edges[0] == lo and edges[-1] == hi
+    assert all(a <= b for a, b in zip(edges, edges[1:]))
+    assert all(e % page == 0 for e in edges[1:-1] if lo < e < hi)
+    first = -(-lo // page) * page
+    starts = list(range(first, hi, page))           # huge pages that start in the range
+    per_thread = [sum(edges[t] <= s < edges[t + 1] for s in starts) for t in range(T)]
+    assert sum(per_thread) == len(starts)
+    assert max(per_thread) - min(per_thread) <= 1

@@ -44,6 +44,8 @@ cdef extern from "cn_scratch.h" nogil:
     # totals of 16-bit param grads, 2: block partials)
     void *cn_scratch_get(int slot, size_t nbytes)
     void cn_populate_write(void *dst, size_t nbytes)
+    void cn_populate_share(void *dst, size_t nbytes, int64_t t, int64_t T)
+    size_t cn_share_edge(size_t lo, size_t hi, int64_t t, int64_t T)
     void cn_scratch_put(int slot, void *p)
 
 
@@ -209,9 +211,9 @@ cdef inline int64_t block_rows(int64_t M, int64_t N, int acc_size) noexcept nogi
 
 cdef inline void _populate_share(char *base, int64_t first, int64_t count, int x_size, int64_t t,
                                  int64_t T) noexcept nogil:
-    """Thread t's share (1/T) of elements [first, first + count) of a fresh output: fault it in."""
-    cdef int64_t lo = first + (count * t) // T, hi = first + (count * (t + 1)) // T
-    cn_populate_write(base + lo * x_size, (hi - lo) * x_size)
+    """Thread t's share (1/T, split on huge-page boundaries) of elements [first, first + count)
+    of a fresh output: fault it in."""
+    cn_populate_share(base + first * x_size, count * x_size, t, T)
 
 
 # ---------------------------------------------------------------- forward --
@@ -574,6 +576,11 @@ def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, 
 
 
 # ------------------------------------------------------------ introspection --
+
+def _share_edges(size_t lo, size_t hi, int64_t T):
+    """The T + 1 edges at which threads split a fresh output's page population (for the tests)."""
+    return [cn_share_edge(lo, hi, t, T) for t in range(T + 1)]
+
 
 def _policy(str name, int64_t value=-1):
     """Read (value < 0) or set one scheduling constant; returns the old value.
