@@ -20,7 +20,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#define CN_HUGE_PAGE ((size_t)2 << 20)
+#include "cn_pages.h"
+
 #define CN_HUGE_HEADER ((size_t)4096)
 
 #if defined(__linux__)

@@ -15,6 +15,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "cn_pages.h"
+
 /* Fault in (writable) the pages of dst[0:bytes] now, without changing any
  * byte: MADV_POPULATE_WRITE (Linux 5.14+; elsewhere, or when refused, a no-op).
  * A fresh output's pages are zeroed by the OS on first touch, 2 MB at a time
@@ -47,7 +49,7 @@ static inline void cn_populate_write(void *dst, size_t bytes) { (void)dst; (void
  * Measured, backward team path, (64,128,56,56) allocating, 2 threads, A/B:
  * bf16 6.58-6.65 -> 5.95-6.04 ms, fp16 6.77 -> 6.03, fp32 12.69-12.81 ->
  * 10.98-13.21; the forward team path, (6,4000000) bf16, 17.0 -> 11.3. */
-#define CN_SHARE_PAGE ((uintptr_t)2 << 20)
+#define CN_SHARE_PAGE ((uintptr_t)CN_HUGE_PAGE)
 static inline uintptr_t cn_share_edge(uintptr_t lo, uintptr_t hi, int64_t t, int64_t T)
 {
     if (t <= 0) return lo;
