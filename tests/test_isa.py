@@ -107,6 +107,24 @@ def test_bf16_conversion_matches_contract_on_every_level(isa_level):
     np.testing.assert_array_equal(got, _bf16_reference(bits))
 
 
+@pytest.mark.parametrize("special", [0x7FC00001, 0xFF800001, 0x00000001, 0x807FFFFF, 0x007FFFFF, 0x00000000,
+                                     0x80000000, 0x7F800000, 0x7F7FFFFF])
+def test_bf16_vector_pairs_take_the_exact_path_for_any_lane(isa_level, special):
+    """The store loops convert two vectors at a time and round plainly unless a
+    lane is NaN or subnormal: one such lane at every position of a 32-lane group
+    (two AVX-512 vectors, four AVX2 ones), among values that round up, down and
+    to even, must give the contract's bits in every lane."""
+    normal = np.array([0x3F808000, 0x3F818000, 0xBF80FFFF, 0x40490FDB], np.uint32)
+    base = np.resize(normal, 32)
+    groups = np.tile(base, (33, 1))
+    for pos in range(32):
+        groups[pos, pos] = special
+    bits = groups.reshape(-1)
+    got = np.empty(bits.size, np.uint16)
+    _isa.kernels.f32_to_bf16(bits.view(np.float32), got)
+    np.testing.assert_array_equal(got, _bf16_reference(bits))
+
+
 def test_bf16_hardware_and_software_paths_agree():
     """VCVTNEPS2BF16 (avx512_bf16) and the integer RNE path give the same bits."""
     if "avx512_bf16" not in LEVELS:

@@ -261,11 +261,15 @@ static const cn_ops *cn_get_ops(int pair)
     return (pair >= 0 && pair < CN_NUM_PAIRS) ? cn_ops_table[pair] : NULL;
 }
 
-/* ---- array conversions (half params, and the tests' probes of this level's vector paths) ---- */
+/* ---- array conversions (half params, and the tests' probes of this level's vector paths:
+ * pairs of vectors, then one, then the tail -- every store path the kernels use) ---- */
 #define CN_CONVERT_ARRAY(NAME, SRC, DST, FROM, TO)                                        \
     static void NAME(const SRC *src, DST *dst, int64_t n)                                 \
     {                                                                                     \
         int64_t j = 0;                                                                    \
+        for (; j + 2 * CN_VF_LANES <= n; j += 2 * CN_VF_LANES)                            \
+            cn_vf_store2_##TO(dst + j, cn_vf_load_##FROM(src + j),                        \
+                              cn_vf_load_##FROM(src + j + CN_VF_LANES));                  \
         for (; j + CN_VF_LANES <= n; j += CN_VF_LANES)                                    \
             cn_vf_store_##TO(dst + j, cn_vf_load_##FROM(src + j));                        \
         if (j < n) cn_vf_storen_##TO(dst + j, cn_vf_loadn_##FROM(src + j, n - j), n - j); \

@@ -29,6 +29,8 @@
 #define XST(p, v) CN_CAT3(V, _store_, CN_XS)(p, v)
 #define XSTN(p, v, n) CN_CAT3(V, _storen_, CN_XS)(p, v, n)
 #define XSTREAM(p, v) CN_CAT3(V, _stream_, CN_XS)(p, v)
+#define XST2(p, a, b) CN_CAT3(V, _store2_, CN_XS)(p, a, b)
+#define XSTREAM2(p, a, b) CN_CAT3(V, _stream2_, CN_XS)(p, a, b)
 #define PLD(p) CN_CAT3(V, _load_, CN_PS)(p)
 #define PLDN(p, n) CN_CAT3(V, _loadn_, CN_PS)(p, n)
 #define PST(p, v) CN_CAT3(V, _store_, CN_PS)(p, v)
@@ -260,14 +262,23 @@ CN_INLINE void FN(apply_impl)(const XT *x, XT *y, const PT *w, const PT *b, int6
 {
     V MH = VOP(set1)(mean_hi), R = VOP(set1)(rstd), LR = VOP(set1)(lr);
     int64_t j = 0, head = stream ? FN(stream_peel)(y, n) : 0;
-#define CN_APPLY(J, T, LDX, LDP, STORE)                                                  \
+#define CN_NORM(out, J, T, LDX, LDP)                                                     \
     {                                                                                    \
         V v = LDX(x + (J), T);                                                           \
         v = center ? VOP(fmadd)(VOP(sub)(v, MH), R, LR) : VOP(mul)(v, R);                \
         if (has_w && has_b) v = VOP(fmadd)(v, LDP(w + (J), T), LDP(b + (J), T));         \
         else if (has_w) v = VOP(mul)(v, LDP(w + (J), T));                                \
         else if (has_b) v = VOP(add)(v, LDP(b + (J), T));                                \
-        STORE(y + (J), v, T);                                                            \
+        out = v;                                                                         \
+    }
+#define CN_APPLY(J, T, LDX, LDP, STORE) { V o_; CN_NORM(o_, J, T, LDX, LDP) STORE(y + (J), o_, T); }
+    /* two vectors a step, stored as a pair (see cn_vf_store2_bf16) */
+#define CN_APPLY2(J, STORE2)                                                             \
+    {                                                                                    \
+        V o0_, o1_;                                                                      \
+        CN_NORM(o0_, J, VL, CN_LDX_FULL, CN_LDP_FULL)                                    \
+        CN_NORM(o1_, (J) + VL, VL, CN_LDX_FULL, CN_LDP_FULL)                             \
+        STORE2(y + (J), o0_, o1_);                                                       \
     }
 #define CN_LDX_FULL(p, t) XLD(p)
 #define CN_LDP_FULL(p, t) PLD(p)
@@ -278,18 +289,23 @@ CN_INLINE void FN(apply_impl)(const XT *x, XT *y, const PT *w, const PT *b, int6
 #define CN_ST_PART(p, v, t) XSTN(p, v, t)
     if (head) CN_APPLY(0, head, CN_LDX_PART, CN_LDP_PART, CN_ST_PART)   /* head < VL when streaming */
     j = head;
-    if (stream)
-        for (; j + VL <= n; j += VL) {
-            if (j < npf) cn_prefetch(pf + j);
-            CN_APPLY(j, VL, CN_LDX_FULL, CN_LDP_FULL, CN_ST_STREAM)
+    if (stream) {
+        for (; j + 2 * VL <= n; j += 2 * VL) {
+            if (j < npf) { cn_prefetch(pf + j); cn_prefetch(pf + j + VL); }
+            CN_APPLY2(j, XSTREAM2)
         }
-    else
-        for (; j + VL <= n; j += VL) {
-            if (j < npf) cn_prefetch(pf + j);
-            CN_APPLY(j, VL, CN_LDX_FULL, CN_LDP_FULL, CN_ST_FULL)
+        if (j + VL <= n) { if (j < npf) cn_prefetch(pf + j); CN_APPLY(j, VL, CN_LDX_FULL, CN_LDP_FULL, CN_ST_STREAM) j += VL; }
+    } else {
+        for (; j + 2 * VL <= n; j += 2 * VL) {
+            if (j < npf) { cn_prefetch(pf + j); cn_prefetch(pf + j + VL); }
+            CN_APPLY2(j, XST2)
         }
+        if (j + VL <= n) { if (j < npf) cn_prefetch(pf + j); CN_APPLY(j, VL, CN_LDX_FULL, CN_LDP_FULL, CN_ST_FULL) j += VL; }
+    }
     if (j < n) CN_APPLY(j, n - j, CN_LDX_PART, CN_LDP_PART, CN_ST_PART)
+#undef CN_NORM
 #undef CN_APPLY
+#undef CN_APPLY2
 #undef CN_LDX_FULL
 #undef CN_LDP_FULL
 #undef CN_ST_FULL
@@ -525,6 +541,18 @@ CN_INLINE int FN(block_scalars)(const cn_fwd_args *a, int64_t r0, int64_t nrows,
     return odd;
 }
 
+/* A small row's NV vectors to storage (the last one holds `tail` lanes), two
+ * full vectors at a time (see cn_vf_store2_bf16). */
+CN_INLINE void FN(store_small_row)(XT *y, const V *o, const int NV, int64_t tail)
+{
+    CN_UNROLL for (int k = 0; k < NV; k += 2) {
+        if (k + 1 < NV - 1 || (k + 1 == NV - 1 && tail == VL)) XST2(y + k * VL, o[k], o[k + 1]);
+        else if (k + 1 < NV) { XST(y + k * VL, o[k]); XSTN(y + (k + 1) * VL, o[k + 1], tail); }
+        else if (tail == VL) XST(y + k * VL, o[k]);
+        else XSTN(y + k * VL, o[k], tail);
+    }
+}
+
 CN_INLINE void FN(fwd_small_block)(const cn_fwd_args *a, int64_t r0, const int64_t nrows, const int NV,
                                    const int center, const V *wv, const V *bv, double inv_n)
 {
@@ -606,12 +634,12 @@ CN_INLINE void FN(fwd_small_block)(const cn_fwd_args *a, int64_t r0, const int64
         V MH = VOP(set1)(mh[i]), Rv = VOP(set1)(rs[i]), LR = VOP(set1)(lr[i]);
         V v[8];
         CN_ROW_RELOAD(v, x, i);
+        V o[8];
         CN_UNROLL for (k = 0; k < NV; k++) {
             V e = center ? VOP(fmadd)(VOP(sub)(v[k], MH), Rv, LR) : VOP(mul)(v[k], Rv);
-            V o = VOP(fmadd)(e, wv[k], bv[k]);
-            if (k < NV - 1 || tail == VL) XST(y + k * VL, o);
-            else XSTN(y + k * VL, o, tail);
+            o[k] = VOP(fmadd)(e, wv[k], bv[k]);
         }
+        FN(store_small_row)(y, o, NV, tail);
     }
 #undef CN_ROW_LOAD
 #undef CN_ROW_RELOAD
@@ -924,17 +952,26 @@ CN_INLINE void FN(bwd_dx_impl)(const XT *dy, const XT *x, const PT *w, XT *dx, i
 {
     V Mv = VOP(set1)(mean), R = VOP(set1)(rstd), C1 = VOP(set1)(c1), C2 = VOP(set1)(c2);
     int64_t j = 0, head = stream ? FN(stream_peel)(dx, n) : 0;
-#define CN_DX(J, T, LDX, LDP, LDA, STA, STORE)                                            \
+#define CN_DXV(out, J, T, LDX, LDP, LDA, STA)                                             \
     {                                                                                     \
         V xv = LDX(x + (J), T), dyv = LDX(dy + (J), T), g = dyv;                          \
         V xh = center ? VOP(mul)(VOP(sub)(xv, Mv), R) : VOP(mul)(xv, R);                  \
         if (has_w) g = VOP(mul)(g, LDP(w + (J), T));                                      \
         if (center) g = VOP(sub)(g, C1);                                                  \
-        STORE(dx + (J), VOP(mul)(VOP(fnmadd)(xh, C2, g), R), T);                          \
+        out = VOP(mul)(VOP(fnmadd)(xh, C2, g), R);                                        \
         if (acc) {                                                                        \
             STA(dwp + (J), acc == 1 ? VOP(mul)(dyv, xh) : VOP(fmadd)(dyv, xh, LDA(dwp + (J), T)), T); \
             if (has_db) STA(dbp + (J), acc == 1 ? dyv : VOP(add)(dyv, LDA(dbp + (J), T)), T); \
         }                                                                                 \
+    }
+#define CN_DX(J, T, LDX, LDP, LDA, STA, STORE) { V o_; CN_DXV(o_, J, T, LDX, LDP, LDA, STA) STORE(dx + (J), o_, T); }
+    /* two vectors a step, stored as a pair (see cn_vf_store2_bf16) */
+#define CN_DX2(J, STORE2)                                                                 \
+    {                                                                                     \
+        V o0_, o1_;                                                                       \
+        CN_DXV(o0_, J, VL, CN_LDX_FULL, CN_LDP_FULL, CN_LDA_FULL, CN_STA_FULL)            \
+        CN_DXV(o1_, (J) + VL, VL, CN_LDX_FULL, CN_LDP_FULL, CN_LDA_FULL, CN_STA_FULL)     \
+        STORE2(dx + (J), o0_, o1_);                                                       \
     }
 #define CN_LDX_FULL(p, t) XLD(p)
 #define CN_LDP_FULL(p, t) PLD(p)
@@ -949,18 +986,25 @@ CN_INLINE void FN(bwd_dx_impl)(const XT *dy, const XT *x, const PT *w, XT *dx, i
 #define CN_ST_PART(p, v, t) XSTN(p, v, t)
     if (head) CN_DX(0, head, CN_LDX_PART, CN_LDP_PART, CN_LDA_PART, CN_STA_PART, CN_ST_PART)
     j = head;
-    if (stream)
-        for (; j + VL <= n; j += VL) {
-            if (j < npf) { cn_prefetch(x + pf + j); cn_prefetch(dy + pf + j); }
-            CN_DX(j, VL, CN_LDX_FULL, CN_LDP_FULL, CN_LDA_FULL, CN_STA_FULL, CN_ST_STREAM)
+#define CN_DX_PF(J) if ((J) < npf) { cn_prefetch(x + pf + (J)); cn_prefetch(dy + pf + (J)); }
+    if (stream) {
+        for (; j + 2 * VL <= n; j += 2 * VL) {
+            CN_DX_PF(j) CN_DX_PF(j + VL)
+            CN_DX2(j, XSTREAM2)
         }
-    else
-        for (; j + VL <= n; j += VL) {
-            if (j < npf) { cn_prefetch(x + pf + j); cn_prefetch(dy + pf + j); }
-            CN_DX(j, VL, CN_LDX_FULL, CN_LDP_FULL, CN_LDA_FULL, CN_STA_FULL, CN_ST_FULL)
+        if (j + VL <= n) { CN_DX_PF(j) CN_DX(j, VL, CN_LDX_FULL, CN_LDP_FULL, CN_LDA_FULL, CN_STA_FULL, CN_ST_STREAM) j += VL; }
+    } else {
+        for (; j + 2 * VL <= n; j += 2 * VL) {
+            CN_DX_PF(j) CN_DX_PF(j + VL)
+            CN_DX2(j, XST2)
         }
+        if (j + VL <= n) { CN_DX_PF(j) CN_DX(j, VL, CN_LDX_FULL, CN_LDP_FULL, CN_LDA_FULL, CN_STA_FULL, CN_ST_FULL) j += VL; }
+    }
     if (j < n) CN_DX(j, n - j, CN_LDX_PART, CN_LDP_PART, CN_LDA_PART, CN_STA_PART, CN_ST_PART)
+#undef CN_DX_PF
+#undef CN_DXV
 #undef CN_DX
+#undef CN_DX2
 #undef CN_LDX_FULL
 #undef CN_LDP_FULL
 #undef CN_LDA_FULL
@@ -1036,24 +1080,46 @@ CN_INLINE void FN(bwd_dx_rows_impl)(const cn_bwd_args *a, int64_t r, const int R
     int64_t head = stream ? FN(stream_peel)(dx[0], n) : 0;
     const int nt = stream && (R == 1 || (N * (int64_t)sizeof(XT)) % STREAM_ALIGN == 0);
     if (!nt) head = 0;
+    /* row i, columns J..: dx into out, the row added into the partials dwa/dba */
+#define CN_DXR_TERM(J, LDX, LDA, wv, dwa, dba, out)                                            \
+    {                                                                                          \
+        V xv = LDX(x[i] + (J)), dyv = LDX(dy[i] + (J));                                        \
+        V xh = center ? VOP(mul)(VOP(sub)(xv, Mv[i]), Rv[i]) : VOP(mul)(xv, Rv[i]);            \
+        V g = VOP(mul)(dyv, wv);                                                               \
+        if (center) g = VOP(sub)(g, C1[i]);                                                    \
+        out = VOP(mul)(VOP(fnmadd)(xh, C2[i], g), Rv[i]);                                      \
+        if (i == 0 && init) { dwa = VOP(mul)(dyv, xh); if (has_db) dba = dyv; }                \
+        else {                                                                                 \
+            if (i == 0) { dwa = LDA(dwp + (J)); if (has_db) dba = LDA(dbp + (J)); }             \
+            dwa = VOP(fmadd)(dyv, xh, dwa);                                                    \
+            if (has_db) dba = VOP(add)(dyv, dba);                                              \
+        }                                                                                      \
+    }
 #define CN_DXR(J, LDX, LDP, LDA, STA, STORE)                                                   \
     {                                                                                          \
         V wv = LDP(w + (J)), dwa = VOP(zero)(), dba = VOP(zero)();                             \
         CN_UNROLL for (i = 0; i < R; i++) {                                                    \
-            V xv = LDX(x[i] + (J)), dyv = LDX(dy[i] + (J));                                    \
-            V xh = center ? VOP(mul)(VOP(sub)(xv, Mv[i]), Rv[i]) : VOP(mul)(xv, Rv[i]);        \
-            V g = VOP(mul)(dyv, wv);                                                           \
-            if (center) g = VOP(sub)(g, C1[i]);                                                \
-            STORE(dx[i] + (J), VOP(mul)(VOP(fnmadd)(xh, C2[i], g), Rv[i]));                    \
-            if (i == 0 && init) { dwa = VOP(mul)(dyv, xh); if (has_db) dba = dyv; }            \
-            else {                                                                             \
-                if (i == 0) { dwa = LDA(dwp + (J)); if (has_db) dba = LDA(dbp + (J)); }         \
-                dwa = VOP(fmadd)(dyv, xh, dwa);                                                \
-                if (has_db) dba = VOP(add)(dyv, dba);                                          \
-            }                                                                                  \
+            V o_;                                                                              \
+            CN_DXR_TERM(J, LDX, LDA, wv, dwa, dba, o_)                                         \
+            STORE(dx[i] + (J), o_);                                                            \
         }                                                                                      \
         STA(dwp + (J), dwa);                                                                   \
         if (has_db) STA(dbp + (J), dba);                                                       \
+    }
+    /* two vectors a step, each row's stored as a pair (see cn_vf_store2_bf16) */
+#define CN_DXR2(J, STORE2)                                                                     \
+    {                                                                                          \
+        V wv0 = PLD(w + (J)), wv1 = PLD(w + (J) + VL), z_ = VOP(zero)();                       \
+        V dwa0 = z_, dba0 = z_, dwa1 = z_, dba1 = z_;                                          \
+        CN_UNROLL for (i = 0; i < R; i++) {                                                    \
+            V o0_, o1_;                                                                        \
+            CN_DXR_TERM(J, CN_ID_LDX, CN_ID_LDA, wv0, dwa0, dba0, o0_)                         \
+            CN_DXR_TERM((J) + VL, CN_ID_LDX, CN_ID_LDA, wv1, dwa1, dba1, o1_)                  \
+            STORE2(dx[i] + (J), o0_, o1_);                                                     \
+        }                                                                                      \
+        AST(dwp + (J), dwa0);                                                                  \
+        AST(dwp + (J) + VL, dwa1);                                                             \
+        if (has_db) { AST(dbp + (J), dba0); AST(dbp + (J) + VL, dba1); }                       \
     }
     int64_t j = 0;
     if (head) {
@@ -1072,16 +1138,20 @@ CN_INLINE void FN(bwd_dx_rows_impl)(const cn_bwd_args *a, int64_t r, const int R
 #define CN_ID_STA(p, v) AST(p, v)
 #define CN_ID_ST(p, v) XST(p, v)
 #define CN_ID_STREAM(p, v) XSTREAM(p, v)
-    if (nt)
-        for (; j + VL <= n; j += VL) {
-            if (j < npf) { CN_UNROLL for (i = 0; i < R; i++) { cn_prefetch(x[i] + pfo + j); cn_prefetch(dy[i] + pfo + j); } }
-            CN_DXR(j, CN_ID_LDX, CN_ID_LDP, CN_ID_LDA, CN_ID_STA, CN_ID_STREAM)
+#define CN_DXR_PF(J) if ((J) < npf) { CN_UNROLL for (i = 0; i < R; i++) { cn_prefetch(x[i] + pfo + (J)); cn_prefetch(dy[i] + pfo + (J)); } }
+    if (nt) {
+        for (; j + 2 * VL <= n; j += 2 * VL) {
+            CN_DXR_PF(j) CN_DXR_PF(j + VL)
+            CN_DXR2(j, XSTREAM2)
         }
-    else
-        for (; j + VL <= n; j += VL) {
-            if (j < npf) { CN_UNROLL for (i = 0; i < R; i++) { cn_prefetch(x[i] + pfo + j); cn_prefetch(dy[i] + pfo + j); } }
-            CN_DXR(j, CN_ID_LDX, CN_ID_LDP, CN_ID_LDA, CN_ID_STA, CN_ID_ST)
+        if (j + VL <= n) { CN_DXR_PF(j) CN_DXR(j, CN_ID_LDX, CN_ID_LDP, CN_ID_LDA, CN_ID_STA, CN_ID_STREAM) j += VL; }
+    } else {
+        for (; j + 2 * VL <= n; j += 2 * VL) {
+            CN_DXR_PF(j) CN_DXR_PF(j + VL)
+            CN_DXR2(j, XST2)
         }
+        if (j + VL <= n) { CN_DXR_PF(j) CN_DXR(j, CN_ID_LDX, CN_ID_LDP, CN_ID_LDA, CN_ID_STA, CN_ID_ST) j += VL; }
+    }
     if (j < n) {
         const int64_t t = n - j;
         CN_DXR(j, CN_LDX_T, CN_LDP_T, CN_LDA_T, CN_STA_T, CN_ST_T)
@@ -1098,6 +1168,9 @@ CN_INLINE void FN(bwd_dx_rows_impl)(const cn_bwd_args *a, int64_t r, const int R
 #undef CN_ID_ST
 #undef CN_ID_STREAM
 #undef CN_DXR
+#undef CN_DXR2
+#undef CN_DXR_TERM
+#undef CN_DXR_PF
 }
 
 /* dx of rows r..r+nrows-1 (in order), columns c0..c1, each row added into
@@ -1196,16 +1269,15 @@ CN_INLINE void FN(bwd_small_block)(const cn_bwd_args *a, int64_t r0, const int64
     }
     for (i = 0; i < nrows; i++) {
         V Mv = VOP(set1)(center ? MEAN[r0 + i] : (AT)0), Rv = VOP(set1)(RSTD[r0 + i]);
-        V C1 = VOP(set1)(c1[i]), C2 = VOP(set1)(c2[i]);
+        V C1 = VOP(set1)(c1[i]), C2 = VOP(set1)(c2[i]), o[8];
         CN_UNROLL for (k = 0; k < NV; k++) {
             CN_SMALL_TERMS(k);
             V t = center ? VOP(sub)(g, C1) : g;
-            t = VOP(mul)(VOP(fnmadd)(h, C2, t), Rv);
-            if (k < NV - 1 || tail == VL) XST(DX + i * N + k * VL, t);
-            else XSTN(DX + i * N + k * VL, t, tail);
+            o[k] = VOP(mul)(VOP(fnmadd)(h, C2, t), Rv);
             dwacc[k] = VOP(fmadd)(dyv, h, dwacc[k]);
             dbacc[k] = VOP(add)(dbacc[k], dyv);
         }
+        FN(store_small_row)(DX + i * N, o, NV, tail);
     }
 #undef CN_SMALL_LOAD
 #undef CN_SMALL_XHAT
@@ -1373,6 +1445,8 @@ static const cn_ops FN(cn_ops) = {
 #undef XST
 #undef XSTN
 #undef XSTREAM
+#undef XST2
+#undef XSTREAM2
 #undef PLD
 #undef PLDN
 #undef PST
