@@ -541,6 +541,13 @@ CN_INLINE int FN(block_scalars)(const cn_fwd_args *a, int64_t r0, int64_t nrows,
     return odd;
 }
 
+/* Prefetch the n elements from p, a cache line at a time (short rows: the
+ * hardware prefetcher alone left DRAM idle during each block's compute) */
+CN_INLINE void FN(prefetch_span)(const XT *p, int64_t n)
+{
+    for (int64_t off = 0; off < n * (int64_t)sizeof(XT); off += 64) cn_prefetch((const char *)p + off);
+}
+
 /* A small row's NV vectors to storage (the last one holds `tail` lanes), two
  * full vectors at a time (see cn_vf_store2_bf16). */
 CN_INLINE void FN(store_small_row)(XT *y, const V *o, const int NV, int64_t tail)
@@ -627,6 +634,7 @@ CN_INLINE void FN(fwd_small_block)(const cn_fwd_args *a, int64_t r0, const int64
     for (i = 0; i < nrows; i++) {                      /* normalize, rereading from L1 */
         const XT *x = X + i * N;
         XT *y = Y + i * N;
+        FN(prefetch_span)(x + nrows * N, N);           /* the same row of the next block */
         if (CN_UNLIKELY(odd) && FN(wants_rescue)(a, x, dd[i], m2[i], inv_n)) {
             FN(fwd_rescue)(a, r0 + i);                 /* (writes its own mean and rstd) */
             continue;
@@ -1270,6 +1278,8 @@ CN_INLINE void FN(bwd_small_block)(const cn_bwd_args *a, int64_t r0, const int64
     for (i = 0; i < nrows; i++) {
         V Mv = VOP(set1)(center ? MEAN[r0 + i] : (AT)0), Rv = VOP(set1)(RSTD[r0 + i]);
         V C1 = VOP(set1)(c1[i]), C2 = VOP(set1)(c2[i]), o[8];
+        FN(prefetch_span)(X + (nrows + i) * N, N);     /* the same row of the next block */
+        FN(prefetch_span)(DY + (nrows + i) * N, N);
         CN_UNROLL for (k = 0; k < NV; k++) {
             CN_SMALL_TERMS(k);
             V t = center ? VOP(sub)(g, C1) : g;
