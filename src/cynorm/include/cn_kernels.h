@@ -91,6 +91,21 @@ enum {
 #ifndef CN_BWD_FAR_BYTES
 #define CN_BWD_FAR_BYTES (32 << 10)
 #endif
+/* The backward's sweeps over several rows at once (bwd_dx_rows_acc) write
+ * their dx with non-temporal stores only with AVX-512, where they were
+ * measured to pay (Zen 4/5); and only there do aligned 32-bit rows take the
+ * route built on those sweeps (bwd_rows). With AVX2 (measured on Zen 3) the
+ * half-filled write-combining buffers of four rows at once collapsed: fp32
+ * (64,4096) from L2, 52 -> 15 cycles per 8 elements with plain stores;
+ * (4096,4096) from DRAM, aligned route 33, the other one 20; the team path's
+ * phase C at two threads, (64,401408) bf16, 65 ms against 17 at one thread. */
+#ifndef CN_MULTIROW_STREAM
+#  if defined(CN_AVX512)
+#    define CN_MULTIROW_STREAM 1
+#  else
+#    define CN_MULTIROW_STREAM 0
+#  endif
+#endif
 #ifndef CN_BWD_GROUP_BYTES
 #define CN_BWD_GROUP_BYTES (256 << 10)
 #endif

@@ -1084,9 +1084,10 @@ CN_INLINE void FN(bwd_dx_rows_impl)(const cn_bwd_args *a, int64_t r, const int R
     }
     dwp += c0;
     if (has_db) dbp += c0;
-    /* non-temporal stores need the same alignment in every row */
+    /* non-temporal stores need the same alignment in every row, and several
+     * rows at once only where that was measured to pay (CN_MULTIROW_STREAM) */
     int64_t head = stream ? FN(stream_peel)(dx[0], n) : 0;
-    const int nt = stream && (R == 1 || (N * (int64_t)sizeof(XT)) % STREAM_ALIGN == 0);
+    const int nt = stream && (R == 1 || (CN_MULTIROW_STREAM && (N * (int64_t)sizeof(XT)) % STREAM_ALIGN == 0));
     if (!nt) head = 0;
     /* row i, columns J..: dx into out, the row added into the partials dwa/dba */
 #define CN_DXR_TERM(J, LDX, LDA, wv, dwa, dba, out)                                            \
@@ -1353,7 +1354,7 @@ static void FN(bwd_rows)(const cn_bwd_args *a, int64_t r0, int64_t r1, void *dwp
      * CN_BWD_FAR_BYTES) */
     const int64_t pf_rows = sizeof(XT) >= 4 && pair_bytes * GR >= CN_BWD_FAR_BYTES ? 2 * GR : GR;
     /* 32-bit and wider rows with partials, all rows vector-aligned (64 bytes
-     * with AVX-512; other levels were not measured): pass 1 only sums, one
+     * with AVX-512; AVX2 keeps the route below, see CN_MULTIROW_STREAM): pass 1 only sums, one
      * row at a time, and pass 2 adds the rows into the partials from cache,
      * 4 at a time (bwd_dx_rows_acc). Pass 1 waits on DRAM, and the
      * partials' stores among its loads keep fewer loads in flight. Measured,
@@ -1366,7 +1367,7 @@ static void FN(bwd_rows)(const cn_bwd_args *a, int64_t r0, int64_t r1, void *dwp
      * (131072,256) fp32 lost, 12.7 -> 16.2 ms; and 16-bit rows ((16384,1024)
      * bf16 145 -> 163-173 ns a row). Same additions in the same row order
      * either way: the same bits. */
-    const int late_parts = sizeof(XT) >= 4 && dwp != NULL &&
+    const int late_parts = CN_MULTIROW_STREAM && sizeof(XT) >= 4 && dwp != NULL &&
                            ((uintptr_t)a->x | (uintptr_t)a->dy | (uintptr_t)a->dx) % STREAM_ALIGN == 0 &&
                            (N * (int64_t)sizeof(XT)) % STREAM_ALIGN == 0;
     const int P1 = late_parts ? 1 : RB;
