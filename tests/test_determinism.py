@@ -87,6 +87,15 @@ def test_long_rows_any_grouping(isa_level, pair, norm, rng, force_parallel):
                     assert np.array_equal(g, e), f"group {group_bytes}, T={T}: output {i} differs"
         finally:
             k._policy("team_group_bytes", old)
+    # more threads add the partials in phase A, chunk by chunk, or in phase C
+    old = k._policy("bwd_a_by_chunk", 0)
+    try:
+        for T in (2, 3):
+            got = _run(norm, x, dy, w, b, T)
+            for i, (g, e) in enumerate(zip(got, want)):
+                assert np.array_equal(g, e), f"partials in phase C, T={T}: output {i} differs"
+    finally:
+        k._policy("bwd_a_by_chunk", old)
     # one thread adds the partials in phase A while they fit in cache, else in
     # phase C (as more threads do): both give the same bits
     old = k._policy("parts_in_a_bytes", 0)

@@ -159,6 +159,9 @@ cdef int64_t LONG_MIN_BLOCK_ROWS = 64
 # DRAM twice per pair instead of once per four rows) lose, bf16 out= 248-258
 # -> 272 ms. Sizes in between were not measured. Changes no bit.
 cdef int64_t PARTS_IN_A_BYTES = 4 << 20
+# With more threads, the backward team path's phase A goes by column chunk and
+# adds the rows into the block partials there (see _backward_team). Changes no bit.
+cdef bint BWD_A_BY_CHUNK = True
 
 
 cdef inline int _long_group(int T) noexcept nogil:
@@ -296,8 +299,12 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t 
     A adds the rows into the partial instead (pairs in row order, the same
     operations), and phase C rereads only x, dy and the weight:
     (64,128,56,56), out=, 5 alternating rounds, bf16 7.60 -> 7.23 ms, fp32
-    13.28 -> 12.82. With more threads, one chunk's pairs run on different
-    threads, so the partial stays in phase C, where a thread owns its chunks."""
+    13.28 -> 12.82. With more threads, phase A goes by column chunk instead
+    (BWD_A_BY_CHUNK): each thread owns chunks and adds all the group's pairs
+    into their partials, which stay in L1 from one pair to the next, and
+    phase C only writes dx, one row at a time. (Phase C adding four rows at a
+    time into the partials wrote dx with plain stores on AVX2, see
+    CN_MULTIROW_STREAM.)"""
     cdef int64_t M = a.M, N = a.N, K = CN_CHUNK
     cdef int64_t nc = (N + K - 1) // K
     cdef int64_t nb = (M + B - 1) // B
@@ -320,6 +327,9 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t 
     cdef char *dbp
     cdef double acc1, acc2
     cdef bint parts_in_a = T == 1 and k * part_bytes <= PARTS_IN_A_BYTES
+    # more threads: phase A goes by column chunk, each thread adding the whole
+    # group's rows into the partials of its chunks (in row order: the same bits)
+    cdef bint a_by_chunk = T > 1 and k > 0 and BWD_A_BY_CHUNK
     with parallel(num_threads=T):
         for blk in range(nb):
             r0 = blk * B
@@ -337,13 +347,21 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t 
                     for t in prange(T, schedule='static'):
                         _populate_share(<char *>a.dx, s0 * N, (s1 - s0) * N, ops.x_size, t, T)
                 npairs = (s1 - s0 + 1) // 2
-                for t in prange(npairs * nc, schedule='static'):
-                    i = t // nc
-                    c = t - i * nc
-                    r = s0 + 2 * i
-                    ops.bwd_chunk(a, r, <int>_min(2, s1 - r), c * K, _min(N, c * K + K),
-                                  &sums[((r - s0) * nc + c) * 2], &sums[((r - s0) * nc + c) * 2 + 1], nc * 2,
-                                  dwp if parts_in_a else NULL, dbp if parts_in_a else NULL, r == r0)
+                if a_by_chunk:
+                    for c in prange(nc, schedule='static'):
+                        for i in range(npairs):
+                            r = s0 + 2 * i
+                            ops.bwd_chunk(a, r, <int>_min(2, s1 - r), c * K, _min(N, c * K + K),
+                                          &sums[((r - s0) * nc + c) * 2], &sums[((r - s0) * nc + c) * 2 + 1],
+                                          nc * 2, dwp, dbp, r == r0)
+                else:
+                    for t in prange(npairs * nc, schedule='static'):
+                        i = t // nc
+                        c = t - i * nc
+                        r = s0 + 2 * i
+                        ops.bwd_chunk(a, r, <int>_min(2, s1 - r), c * K, _min(N, c * K + K),
+                                      &sums[((r - s0) * nc + c) * 2], &sums[((r - s0) * nc + c) * 2 + 1], nc * 2,
+                                      dwp if parts_in_a else NULL, dbp if parts_in_a else NULL, r == r0)
                 for i in prange(s1 - s0, schedule='static'):
                     acc1 = 0.0
                     acc2 = 0.0
@@ -354,7 +372,8 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t 
                     rowsums[2 * i + 1] = acc2
                 for c in prange(nc, schedule='static'):
                     ops.bwd_apply(a, s0, s1 - s0, c * K, _min(N, c * K + K), rowsums,
-                                  NULL if parts_in_a else dwp, NULL if parts_in_a else dbp, r0)
+                                  NULL if parts_in_a or a_by_chunk else dwp,
+                                  NULL if parts_in_a or a_by_chunk else dbp, r0)
                 s0 = s1
             if k and blk > 0:
                 for c in prange(nc, schedule='static'):
@@ -588,6 +607,7 @@ def _policy(str name, int64_t value=-1):
     For tests and tuning only -- e.g. ("min_elems_per_thread", 1) makes tiny
     inputs take the parallel paths. None of these changes a result bit."""
     global MIN_ELEMS_PER_THREAD, TEAM_GROUP_BYTES, PART_CACHE_BYTES, STREAM_MIN_BYTES, OVERSUBSCRIBE, PARTS_IN_A_BYTES
+    global BWD_A_BY_CHUNK
     cdef int64_t old
     if name == "oversubscribe":
         old = OVERSUBSCRIBE
@@ -601,6 +621,9 @@ def _policy(str name, int64_t value=-1):
     elif name == "part_cache_bytes":
         old = PART_CACHE_BYTES
         if value >= 0: PART_CACHE_BYTES = value
+    elif name == "bwd_a_by_chunk":
+        old = BWD_A_BY_CHUNK
+        if value >= 0: BWD_A_BY_CHUNK = value != 0
     elif name == "parts_in_a_bytes":
         old = PARTS_IN_A_BYTES
         if value >= 0: PARTS_IN_A_BYTES = value
