@@ -341,7 +341,8 @@ CN_INLINE __m256 cn_bf16_unusual(cn_vf v)
 CN_INLINE __m128i cn_vf_to_bf16_bits(cn_vf v)
 {
     /* pack 8 x u32 -> 8 x u16 (values fit, so the saturating pack is exact) */
-    __m256i r = _mm256_permute4x64_epi64(_mm256_packus_epi32(cn_bf16_lanes_exact(v), cn_bf16_lanes_exact(v)), 0x08);
+    __m256i e = cn_bf16_lanes_exact(v);
+    __m256i r = _mm256_permute4x64_epi64(_mm256_packus_epi32(e, e), 0x08);
     return _mm256_castsi256_si128(r);
 }
 /* Two vectors at once (16 bf16, in order): one pack and one permute for both, and
