@@ -78,33 +78,24 @@ def test_long_rows_any_grouping(isa_level, pair, norm, rng, force_parallel):
     x, dy, w, b = make_inputs(rng, (70, 33000), 1, pair)
     want = _run(norm, x, dy, w, b, 1)
     k = _isa.kernels
-    for group_bytes in (None, 300 << 10, 900 << 10):
-        old = k._policy("team_group_bytes", group_bytes if group_bytes else -1)
+
+    def same_bits_with(policy, value, threads, label):
+        old = k._policy(policy, value)
         try:
-            for T in (2, 3):
+            for T in threads:
                 got = _run(norm, x, dy, w, b, T)
                 for i, (g, e) in enumerate(zip(got, want)):
-                    assert np.array_equal(g, e), f"group {group_bytes}, T={T}: output {i} differs"
+                    assert np.array_equal(g, e), f"{label}, T={T}: output {i} differs"
         finally:
-            k._policy("team_group_bytes", old)
+            k._policy(policy, old)
+
+    for group_bytes in (-1, 300 << 10, 900 << 10):   # (-1: the default, left as it is)
+        same_bits_with("team_group_bytes", group_bytes, (2, 3), f"group bytes {group_bytes}")
     # more threads add the partials in phase A, chunk by chunk, or in phase C
-    old = k._policy("bwd_a_by_chunk", 0)
-    try:
-        for T in (2, 3):
-            got = _run(norm, x, dy, w, b, T)
-            for i, (g, e) in enumerate(zip(got, want)):
-                assert np.array_equal(g, e), f"partials in phase C, T={T}: output {i} differs"
-    finally:
-        k._policy("bwd_a_by_chunk", old)
+    same_bits_with("bwd_a_by_chunk", 0, (2, 3), "partials in phase C")
     # one thread adds the partials in phase A while they fit in cache, else in
     # phase C (as more threads do): both give the same bits
-    old = k._policy("parts_in_a_bytes", 0)
-    try:
-        got = _run(norm, x, dy, w, b, 1)
-        for i, (g, e) in enumerate(zip(got, want)):
-            assert np.array_equal(g, e), f"partials in phase C, T=1: output {i} differs"
-    finally:
-        k._policy("parts_in_a_bytes", old)
+    same_bits_with("parts_in_a_bytes", 0, (1,), "partials in phase C")
 
 
 def _at(a, offset):
