@@ -135,6 +135,10 @@ def _split(shape, axis):
 
 
 def _check_out(out, shape, dtype, name="out"):
+    if type(out) is _ndarray and out.dtype is dtype and out.shape == shape:   # fast path
+        flags = out.flags
+        if flags.c_contiguous and flags.writeable:
+            return out
     if type(out) is not _ndarray and not isinstance(out, _ndarray):
         raise TypeError(f"cynorm: {name} must be a numpy.ndarray, got {type(out).__name__}")
     if out.dtype != dtype:
@@ -209,7 +213,10 @@ def _destination(out, shape, new, dtype, params):
     if out is None:
         return new(shape, dtype), params
     dst = _check_out(out, shape, dtype)
-    return dst, [p.copy() if p is not None and np.may_share_memory(p, dst) else p for p in params]
+    for p in params:   # a list of copies only when one overlaps dst (rare)
+        if p is not None and np.may_share_memory(p, dst):
+            return dst, [q.copy() if q is not None and np.may_share_memory(q, dst) else q for q in params]
+    return dst, params
 
 
 def _forward(x, weight, bias, axis, eps, num_threads, out, center, want_stats):
