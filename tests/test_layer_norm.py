@@ -155,6 +155,33 @@ def test_out_overlapping_input_is_safe(rng):
     np.testing.assert_array_equal(got, want)
 
 
+def test_out_overlapping_params_is_safe(rng):
+    """out that holds the weight and bias (forward) or the weight, mean and rstd
+    (backward) in its own memory: they are copied before out is written."""
+    x = rng.standard_normal((2, 16)).astype(np.float32)
+    dy = rng.standard_normal((2, 16)).astype(np.float32)
+    w = rng.standard_normal(16).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+    y_want, mean, rstd = cynorm.layer_norm_forward(x, w, b)
+    dx_want, dw_want, db_want = cynorm.layer_norm_backward(dy, x, mean, rstd, w)
+
+    out = np.empty((2, 16), np.float32)
+    out[0], out[1] = w, b
+    y = cynorm.layer_norm(x, out[0], out[1], out=out)
+    assert y is out
+    np.testing.assert_array_equal(y, y_want)
+
+    out = np.empty((2, 16), np.float32)
+    out[1] = w
+    out[0, :2], out[0, 2:4] = mean.ravel(), rstd.ravel()
+    dx, dw, db = cynorm.layer_norm_backward(dy, x, out[0, :2].reshape(2, 1), out[0, 2:4].reshape(2, 1),
+                                            out[1], out=out)
+    assert dx is out
+    np.testing.assert_array_equal(dx, dx_want)
+    np.testing.assert_array_equal(dw, dw_want)
+    np.testing.assert_array_equal(db, db_want)
+
+
 def test_out_is_returned_and_filled(rng):
     x = rng.standard_normal((3, 8)).astype(np.float32)
     out = np.full_like(x, np.nan)
