@@ -2,8 +2,8 @@
 
 The kernels in src/cynorm/_kernels.pxi are compiled once per ISA level, each
 with its own flags; cynorm._isa picks one at import time from the CPU's
-features. No build file uses -march=native, so a wheel runs on any CPU of its
-architecture.
+features. No build file tunes for the build machine's own CPU (no "native"
+-march), so a wheel runs on any CPU of its architecture.
 
 Environment knobs (all optional):
   CYNORM_NO_OPENMP=1          build without OpenMP (serial kernels)
