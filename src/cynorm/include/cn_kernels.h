@@ -39,10 +39,11 @@ enum {
 #ifndef CN_FWD_GROUP_BYTES
 #define CN_FWD_GROUP_BYTES (16 << 10)
 #endif
-/* Forward rows of SMALL_MAX..CN_MED_ROW_BYTES: blocks of up to 16 rows within
- * CN_MED_BLOCK_BYTES (fwd_med). Must stay below CN_CHUNK elements. */
+/* Forward rows of SMALL_MAX..CN_MED_ROW_BYTES and at most CN_CHUNK elements
+ * (longer ones must take chunk moments, as the team path does): blocks of up
+ * to 16 rows within CN_MED_BLOCK_BYTES (fwd_med). */
 #ifndef CN_MED_ROW_BYTES
-#define CN_MED_ROW_BYTES 1536
+#define CN_MED_ROW_BYTES 8192
 #endif
 #ifndef CN_MED_BLOCK_BYTES
 #define CN_MED_BLOCK_BYTES (32 << 10)

@@ -478,34 +478,11 @@ static void FN(fwd_apply)(const cn_fwd_args *a, int64_t r, int64_t nrows, int64_
 /* ------------------------------------------------ forward: small rows -- */
 
 /* Rows of at most SMALL_MAX elements, taken SMALL_BLOCK rows at a time in
- * three phases: per-row sums (independent dependency chains that the CPU
- * overlaps), one vectorizable rstd loop for the whole block, then the
- * normalizing pass, which rereads the rows from L1. The arithmetic of a row
- * never depends on the block it falls in. */
+ * three phases: per-row sums in one pass (independent dependency chains that
+ * the CPU overlaps; see block_onepass), one vectorizable rstd loop for the
+ * whole block, then the normalizing pass, which rereads the rows from L1. The
+ * arithmetic of a row never depends on the block it falls in. */
 #define SMALL_BLOCK 16
-
-/* The end of a block's statistics (small and medium rows), from each row's
- * first-pass mean d (of x - pv) and second-pass sums q = sum e^2, c = sum e
- * (LayerNorm), or q = sum x^2 (RMSNorm): dd = corrected mean - pv, m2, and
- * rstd, one vectorizable loop each. */
-CN_INLINE void FN(block_moments)(const cn_fwd_args *a, int64_t nrows, const int center, double inv_n, const AT *d,
-                                 const AT *q, const AT *c, double *dd, double *m2, double *rstd)
-{
-    int64_t i;
-    if (center)
-        for (i = 0; i < nrows; i++) {
-            double cs = (double)c[i];
-            dd[i] = isfinite(d[i]) ? (double)d[i] + cs * inv_n : (double)d[i];  /* the inf row keeps mean = +-inf */
-            m2[i] = (double)q[i] - cs * cs * inv_n;
-        }
-    else
-        for (i = 0; i < nrows; i++) { dd[i] = 0.0; m2[i] = (double)q[i]; }
-    for (i = 0; i < nrows; i++) {
-        double var = m2[i] * inv_n;
-        var = var < 0.0 ? 0.0 : var;
-        rstd[i] = 1.0 / sqrt(var + a->eps);
-    }
-}
 
 /* out[i] = the lane sum of a[i] for i < nrows (<= SMALL_BLOCK), VL vectors per
  * transpose-and-add tree (cn_simd.h); a[nrows..] are zeroed first. out[i]
@@ -516,6 +493,66 @@ CN_INLINE void FN(hsum_rows)(V *a, int64_t nrows, AT *out)
         for (int64_t i = nrows; i < g + VL; i++) a[i] = VOP(zero)();
         VOP(hsum_lanes)(a + g, out + g);
     }
+}
+
+/* rstd of a block's rows from their m2, one vectorizable loop. */
+CN_INLINE void FN(block_rstd)(const cn_fwd_args *a, int64_t nrows, double inv_n, const double *m2, double *rstd)
+{
+    for (int64_t i = 0; i < nrows; i++) {
+        double var = m2[i] * inv_n;
+        var = var < 0.0 ? 0.0 : var;
+        rstd[i] = 1.0 / sqrt(var + a->eps);
+    }
+}
+
+/* The pivots of a block's rows (LayerNorm, small and medium rows): the mean of
+ * each row's first min(N, VL) elements, from one lane-sum tree per VL rows. */
+CN_INLINE void FN(block_pivots)(const XT *X, int64_t N, int64_t nrows, AT *pv)
+{
+    V hv[SMALL_BLOCK];
+    AT h[SMALL_BLOCK];
+    const int64_t np = N < VL ? N : VL;
+    const double inv_np = 1.0 / (double)np;
+    int64_t i;
+    if (np == VL) for (i = 0; i < nrows; i++) hv[i] = XLD(X + i * N);
+    else for (i = 0; i < nrows; i++) hv[i] = XLDN(X + i * N, np);
+    FN(hsum_rows)(hv, nrows, h);
+    for (i = 0; i < nrows; i++) pv[i] = (AT)((double)h[i] * inv_np);
+}
+
+/* A block's LayerNorm moments from one pass: sv, qv are each row's lane sums
+ * of x - pv and (x - pv)^2. dd = mean - pv = s/n and m2 = q - s^2/n where
+ * the pivot is close enough to the row mean for that to lose almost nothing
+ * (onepass_moments' test: within sqrt(1/2) std); the other rows (a few
+ * percent of Gaussian rows, and any row holding inf or NaN) are redone by the
+ * corrected two-pass about their first element. Either way a row's result
+ * depends on its own data alone. */
+CN_INLINE void FN(block_onepass)(const XT *X, int64_t N, int64_t nrows, double inv_n, V *sv, V *qv, AT *pv,
+                                 double *dd, double *m2)
+{
+    AT s[SMALL_BLOCK], q[SMALL_BLOCK];
+    int refused[SMALL_BLOCK], any = 0;
+    const double n = (double)N;
+    int64_t i;
+    FN(hsum_rows)(sv, nrows, s);
+    FN(hsum_rows)(qv, nrows, q);
+    for (i = 0; i < nrows; i++) {
+        double ss = (double)s[i], qs = (double)q[i];
+        refused[i] = !(isfinite(ss) & isfinite(qs) & (3.0 * ss * ss <= n * qs));
+        any |= refused[i];
+        dd[i] = ss * inv_n;
+        m2[i] = qs - ss * dd[i];
+    }
+    if (CN_UNLIKELY(any))
+        for (i = 0; i < nrows; i++) {
+            if (!refused[i]) continue;
+            const XT *x = X + i * N;
+            cn_moments m;
+            pv[i] = (AT)X2A(x[0]);
+            FN(twopass_moments)(x, N, pv[i], &m);
+            dd[i] = m.delta;
+            m2[i] = m.m2;
+        }
 }
 
 /* The per-row scalars of a block, as loops over the block: each row's mean
@@ -566,11 +603,11 @@ CN_INLINE void FN(fwd_small_block)(const cn_fwd_args *a, int64_t r0, const int64
     const int64_t N = a->N, tail = N - (int64_t)(NV - 1) * VL;
     const XT *X = (const XT *)a->x + r0 * N;
     XT *Y = (XT *)a->y + r0 * N;
-    AT pv[SMALL_BLOCK], d[SMALL_BLOCK], s[SMALL_BLOCK], q[SMALL_BLOCK], c[SMALL_BLOCK];
+    AT pv[SMALL_BLOCK];
     double dd[SMALL_BLOCK], m2[SMALL_BLOCK], rstd[SMALL_BLOCK];
-    /* LayerNorm's per-row sums, reduced a block at a time (cheaper than three
+    /* LayerNorm's per-row sums, reduced a block at a time (cheaper than two
      * reductions per row; RMSNorm's single one per row is faster as it is) */
-    V sv[SMALL_BLOCK], sqv[SMALL_BLOCK], sev[SMALL_BLOCK];
+    V sv[SMALL_BLOCK], sqv[SMALL_BLOCK];
     int64_t i;
     int k;
     /* 16-bit rows are widened once, in pass 1, into this L1 buffer */
@@ -586,36 +623,24 @@ CN_INLINE void FN(fwd_small_block)(const cn_fwd_args *a, int64_t r0, const int64
      * CPU overlaps, with the per-row scalar math done in between as loops over
      * the whole block, which the compiler vectorizes. */
     if (center) {
-        for (i = 0; i < nrows; i++) {                  /* pass 1: sum of x - P */
+        FN(block_pivots)(X, N, nrows, pv);
+        for (i = 0; i < nrows; i++) {                  /* one pass: sums of x - pv and (x - pv)^2 */
             const XT *x = X + i * N;
             V v[8];
             CN_ROW_LOAD(v, x);
             if (widen) { CN_UNROLL for (k = 0; k < NV; k++) wide[i][k] = v[k]; }
-            pv[i] = (AT)X2A(x[0]);
             V P = VOP(set1)(pv[i]);
-            V acc = VOP(keepn)(VOP(sub)(v[NV - 1], P), tail);
-            CN_UNROLL for (k = 0; k < NV - 1; k++) acc = VOP(add)(acc, VOP(sub)(v[k], P));
-            sv[i] = acc;
-        }
-        FN(hsum_rows)(sv, nrows, s);
-        for (i = 0; i < nrows; i++) d[i] = (AT)((double)s[i] * inv_n);
-        for (i = 0; i < nrows; i++) {                  /* pass 2 (from L1): sums of e and e^2 */
-            const XT *x = X + i * N;
-            V v[8];
-            CN_ROW_RELOAD(v, x, i);
-            V P = VOP(set1)(pv[i]), D = VOP(set1)(d[i]);
-            V sq = VOP(zero)(), se = VOP(zero)();
-            CN_UNROLL for (k = 0; k < NV; k++) {
-                V e = VOP(sub)(VOP(sub)(v[k], P), D);
-                if (k == NV - 1) e = VOP(keepn)(e, tail);
-                sq = VOP(fmadd)(e, e, sq);
+            V e = VOP(keepn)(VOP(sub)(v[NV - 1], P), tail);
+            V se = e, sq = VOP(mul)(e, e);
+            CN_UNROLL for (k = 0; k < NV - 1; k++) {
+                e = VOP(sub)(v[k], P);
                 se = VOP(add)(se, e);
+                sq = VOP(fmadd)(e, e, sq);
             }
+            sv[i] = se;
             sqv[i] = sq;
-            sev[i] = se;
         }
-        FN(hsum_rows)(sqv, nrows, q);
-        FN(hsum_rows)(sev, nrows, c);
+        FN(block_onepass)(X, N, nrows, inv_n, sv, sqv, pv, dd, m2);
     } else {
         for (i = 0; i < nrows; i++) {
             const XT *x = X + i * N;
@@ -624,11 +649,12 @@ CN_INLINE void FN(fwd_small_block)(const cn_fwd_args *a, int64_t r0, const int64
             if (widen) { CN_UNROLL for (k = 0; k < NV; k++) wide[i][k] = v[k]; }
             V sq = VOP(zero)();
             CN_UNROLL for (k = 0; k < NV; k++) sq = VOP(fmadd)(v[k], v[k], sq);
-            q[i] = VOP(hsum)(sq);
+            m2[i] = (double)VOP(hsum)(sq);
+            dd[i] = 0.0;
             pv[i] = 0;
         }
     }
-    FN(block_moments)(a, nrows, center, inv_n, d, q, c, dd, m2, rstd);
+    FN(block_rstd)(a, nrows, inv_n, m2, rstd);
     AT mh[SMALL_BLOCK], lr[SMALL_BLOCK], rs[SMALL_BLOCK];
     const int odd = FN(block_scalars)(a, r0, nrows, inv_n, pv, dd, m2, rstd, mh, lr, rs);
     for (i = 0; i < nrows; i++) {                      /* normalize, rereading from L1 */
@@ -681,56 +707,50 @@ static void FN(fwd_small)(const cn_fwd_args *a, int64_t r0, int64_t r1)
  * in the small-row kernel's phases: per-row sums reduced a block at a time,
  * one vectorizable rstd loop, then the normalizing passes, rereading the rows
  * from L1/L2. Row by row, each row waited on its own sum -> sqrt -> normalize
- * chain (~200 cycles, measured); here rows overlap. (Longer rows lose more
- * to the third pass than they gain: measured break-even near 1.5-2 KB.) A
- * row's arithmetic never depends on its block. LayerNorm: corrected two-pass about the row's first
- * element, as for small rows. */
+ * chain (~200 cycles, measured); here rows overlap. A row's arithmetic never
+ * depends on its block. LayerNorm: one-pass moments where block_onepass
+ * accepts them, as for small rows. (With a two-pass there, rows beyond
+ * 1.5-2 KB lost more to the extra pass than they gained; with one pass,
+ * harness, fp32/bf16, from DRAM: rows of 1024 -2/-5%, of 2048 -2/-2%.) */
 CN_INLINE void FN(fwd_med_block)(const cn_fwd_args *a, int64_t r0, const int64_t nrows, const int center,
                                  double inv_n)
 {
     const int64_t N = a->N;
     const XT *X = (const XT *)a->x + r0 * N;
     XT *Y = (XT *)a->y + r0 * N;
-    AT pv[SMALL_BLOCK], d[SMALL_BLOCK], s[SMALL_BLOCK], q[SMALL_BLOCK], c[SMALL_BLOCK];
+    AT pv[SMALL_BLOCK], q[SMALL_BLOCK];
     double dd[SMALL_BLOCK], m2[SMALL_BLOCK], rstd[SMALL_BLOCK];
-    V sv[SMALL_BLOCK], qv[SMALL_BLOCK], cv[SMALL_BLOCK];
+    V sv[SMALL_BLOCK], qv[SMALL_BLOCK];
     const V z = VOP(zero)();
     int64_t i, j;
     if (center) {
-        for (i = 0; i < nrows; i++) {                  /* pass 1: sum of x - P */
+        FN(block_pivots)(X, N, nrows, pv);
+        for (i = 0; i < nrows; i++) {                  /* one pass: sums of x - pv and (x - pv)^2 */
             const XT *x = X + i * N;
-            pv[i] = (AT)X2A(x[0]);
-            sv[i] = FN(dev_sum_vec)(x, N, VOP(set1)(pv[i]));
-        }
-        FN(hsum_rows)(sv, nrows, s);
-        for (i = 0; i < nrows; i++) d[i] = (AT)((double)s[i] * inv_n);
-        for (i = 0; i < nrows; i++) {                  /* pass 2 (from cache): sums of e and e^2 */
-            const XT *x = X + i * N;
-            V P = VOP(set1)(pv[i]), D = VOP(set1)(d[i]), q0 = z, q1 = z, c0 = z, c1 = z;
+            V P = VOP(set1)(pv[i]), s0 = z, s1 = z, q0 = z, q1 = z;
             for (j = 0; j + 2 * VL <= N; j += 2 * VL) {
-                V e0 = VOP(sub)(VOP(sub)(XLD(x + j), P), D), e1 = VOP(sub)(VOP(sub)(XLD(x + j + VL), P), D);
+                V e0 = VOP(sub)(XLD(x + j), P), e1 = VOP(sub)(XLD(x + j + VL), P);
+                s0 = VOP(add)(s0, e0); s1 = VOP(add)(s1, e1);
                 q0 = VOP(fmadd)(e0, e0, q0); q1 = VOP(fmadd)(e1, e1, q1);
-                c0 = VOP(add)(c0, e0); c1 = VOP(add)(c1, e1);
             }
             for (; j + VL <= N; j += VL) {
-                V e = VOP(sub)(VOP(sub)(XLD(x + j), P), D);
-                q0 = VOP(fmadd)(e, e, q0); c0 = VOP(add)(c0, e);
+                V e = VOP(sub)(XLD(x + j), P);
+                s0 = VOP(add)(s0, e); q0 = VOP(fmadd)(e, e, q0);
             }
             if (j < N) {
-                V e = VOP(keepn)(VOP(sub)(VOP(sub)(XLDN(x + j, N - j), P), D), N - j);
-                q1 = VOP(fmadd)(e, e, q1); c1 = VOP(add)(c1, e);
+                V e = VOP(keepn)(VOP(sub)(XLDN(x + j, N - j), P), N - j);
+                s1 = VOP(add)(s1, e); q1 = VOP(fmadd)(e, e, q1);
             }
+            sv[i] = VOP(add)(s0, s1);
             qv[i] = VOP(add)(q0, q1);
-            cv[i] = VOP(add)(c0, c1);
         }
-        FN(hsum_rows)(qv, nrows, q);
-        FN(hsum_rows)(cv, nrows, c);
+        FN(block_onepass)(X, N, nrows, inv_n, sv, qv, pv, dd, m2);
     } else {
         for (i = 0; i < nrows; i++) qv[i] = FN(sumsq_vec)(X + i * N, N);   /* RMSNorm: sum of squares */
         FN(hsum_rows)(qv, nrows, q);
-        for (i = 0; i < nrows; i++) pv[i] = 0;
+        for (i = 0; i < nrows; i++) { pv[i] = 0; dd[i] = 0.0; m2[i] = (double)q[i]; }
     }
-    FN(block_moments)(a, nrows, center, inv_n, d, q, c, dd, m2, rstd);
+    FN(block_rstd)(a, nrows, inv_n, m2, rstd);
     AT mh[SMALL_BLOCK], lr[SMALL_BLOCK], rs[SMALL_BLOCK];
     const int odd = FN(block_scalars)(a, r0, nrows, inv_n, pv, dd, m2, rstd, mh, lr, rs);
     for (i = 0; i < nrows; i++) {                      /* normalize, rereading from cache */
@@ -800,7 +820,7 @@ static void FN(fwd_rows)(const cn_fwd_args *a, int64_t r0, int64_t r1)
         return;
     }
     if (N <= SMALL_MAX) { FN(fwd_small)(a, r0, r1); return; }   /* (plain stores: no fence) */
-    if (row_bytes <= CN_MED_ROW_BYTES) { FN(fwd_med)(a, r0, r1); return; }
+    if (row_bytes <= CN_MED_ROW_BYTES && N <= CN_CHUNK) { FN(fwd_med)(a, r0, r1); return; }
     const PT *W = (const PT *)a->w, *B = (const PT *)a->b;
     cn_row_stats st[CN_LONG_GROUP_BIG > 4 ? CN_LONG_GROUP_BIG : 4];   /* short rows: groups of up to 4 */
     if (row_bytes > CN_LONG_ROW_BYTES) {
