@@ -219,7 +219,17 @@ def _destination(out, shape, new, dtype, params):
     return dst, params
 
 
+#: (x type number, param type number or -1) -> (pair code, stats type number),
+#: for the kernels' forward_small
+_FAST_PAIRS = {(x.num, -1 if p is None else p.num): (pair.code, pair.stat.num)
+               for (x, p), pair in _PAIR_CACHE.items()}
+
+
 def _forward(x, weight, bias, axis, eps, num_threads, out, center, want_stats):
+    if out is None:   # the common small call, checked and run in C (None: anything else)
+        done = _isa.kernels.forward_small(x, weight, bias, axis, eps, num_threads, center, want_stats, _FAST_PAIRS)
+        if done is not None:
+            return done
     x = _input(x, "x")
     ax, M, N, norm_shape, stat_shape = _layout(x, axis)
     pair, weight, bias = _params(x.dtype, norm_shape, weight, bias)

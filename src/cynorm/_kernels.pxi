@@ -537,6 +537,92 @@ def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, 
         raise MemoryError("cynorm: could not allocate scratch memory")
 
 
+# forward_small takes calls with fewer elements than this: there the Python-side
+# checks cost more than the work. (Below cynorm._api's huge-page gate, so its
+# outputs are plain np.empty ones either way.)
+cdef int64_t SMALL_CALL_ELEMS = 1 << 16
+
+
+cdef inline bint _plain_array(object a):
+    """An exact ndarray, C-contiguous, in native byte order."""
+    return (type(a) is cnp.ndarray and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>a)
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a))
+
+
+cdef inline bint _shape_is(cnp.ndarray p, cnp.npy_intp *dims, int n):
+    """p.shape == dims[:n]"""
+    if cnp.PyArray_NDIM(p) != n:
+        return False
+    cdef cnp.npy_intp *pd = cnp.PyArray_DIMS(p)
+    cdef int k
+    for k in range(n):
+        if pd[k] != dims[k]:
+            return False
+    return True
+
+
+def forward_small(object x, object weight, object bias, object axis, object eps, object num_threads,
+                  bint center, bint want_stats, dict pairs):
+    """cynorm._api's fast path for the common small forward call, all in C.
+
+    Takes only what needs no conversion and that the validating path would
+    accept as it is: exact C-contiguous native ndarrays, weight/bias (or None)
+    of shape x.shape[axis:] and a supported dtype pair (`pairs`: (x type
+    number, param type number or -1) -> (pair code, stats type number)), an
+    int axis in range, a finite float eps >= 0, num_threads None or an int in
+    1..1024, and fewer than SMALL_CALL_ELEMS elements. Returns (y, mean, rstd)
+    (mean None unless center and want_stats), or None for anything else; the
+    caller then validates and runs the call the general way (and raises
+    there). Measured: (1,8,16) fp32 layer_norm_forward 4.2 -> 1.25 us.
+    Same kernels and thread choice (_threads_for) as the general path."""
+    if not (_plain_array(x) and type(axis) is int and type(eps) is float):
+        return None
+    if num_threads is not None and not (type(num_threads) is int and 1 <= num_threads <= 1024):
+        return None
+    cdef cnp.ndarray xa = <cnp.ndarray>x
+    cdef int nd = cnp.PyArray_NDIM(xa)
+    if nd == 0 or nd > 32 or not (-nd <= axis < nd):
+        return None
+    cdef int ax = axis
+    if ax < 0:
+        ax += nd
+    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(xa)
+    cdef cnp.npy_intp sdims[32]
+    cdef int64_t M = 1, N = 1
+    cdef int k
+    for k in range(nd):
+        if k < ax:
+            M *= dims[k]
+            sdims[k] = dims[k]
+        else:
+            N *= dims[k]
+            sdims[k] = 1
+    if M == 0 or N == 0 or M * N >= SMALL_CALL_ELEMS:
+        return None
+    cdef int pnum = -1
+    if weight is not None:
+        if not (_plain_array(weight) and _shape_is(<cnp.ndarray>weight, dims + ax, nd - ax)):
+            return None
+        pnum = cnp.PyArray_TYPE(<cnp.ndarray>weight)
+    if bias is not None:
+        if not (_plain_array(bias) and _shape_is(<cnp.ndarray>bias, dims + ax, nd - ax)):
+            return None
+        if pnum != -1 and cnp.PyArray_TYPE(<cnp.ndarray>bias) != pnum:
+            return None
+        pnum = cnp.PyArray_TYPE(<cnp.ndarray>bias)
+    entry = pairs.get((cnp.PyArray_TYPE(xa), pnum))
+    cdef double e = eps
+    if entry is None or not (e >= 0.0 and e <= 1.7976931348623157e308):   # (NaN fails both)
+        return None
+    cdef int code = entry[0], stat_num = entry[1]
+    y = cnp.PyArray_EMPTY(nd, dims, cnp.PyArray_TYPE(xa), 0)
+    mean = cnp.PyArray_EMPTY(nd, sdims, stat_num, 0) if center and want_stats else None
+    rstd = cnp.PyArray_EMPTY(nd, sdims, stat_num, 0)
+    forward(code, center, xa, y, weight, bias, mean, rstd, M, N, e,
+            omp_get_max_threads() if num_threads is None else num_threads, True)
+    return y, mean, rstd
+
+
 def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, object rstd,
              object weight, cnp.ndarray dx, object dweight, object dbias,
              int64_t M, int64_t N, int num_threads, bint fresh=False):
