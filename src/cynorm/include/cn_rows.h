@@ -108,7 +108,7 @@ typedef CN_AT FN(at);
  * its own data. delta is relative to the row pivot P. */
 CN_INLINE int FN(onepass_moments)(double pc, double s, double q, double n, AT pivot, cn_moments *m)
 {
-    if (!(isfinite(pc) && isfinite(s) && isfinite(q) && 3.0 * s * s <= n * q)) return 0;
+    if (!(isfinite(pc) && cn_onepass_accepts(s, q, n))) return 0;
     m->n = n;
     m->delta = (pc - (double)pivot) + s / n;
     m->m2 = q - s * s / n;
@@ -137,6 +137,37 @@ CN_INLINE V FN(dev_sum_vec)(const XT *x, int64_t n, V P)
     for (; j + VL <= n; j += VL) a0 = VOP(add)(a0, VOP(sub)(XLD(x + j), P));
     if (j < n) a1 = VOP(add)(a1, VOP(keepn)(VOP(sub)(XLDN(x + j, n - j), P), n - j));
     return VOP(add)(VOP(add)(a0, a1), VOP(add)(a2, a3));
+}
+
+/* Lane-wise one-pass sums of x[0:n] about P: *s = sum (x - P), *q = sum
+ * (x - P)^2 (unreduced; lanes past n add 0). prefetch: fetch what follows
+ * x[n] meanwhile (the next chunk: keeps DRAM busy through the hsums). */
+CN_INLINE void FN(dev_moment_sums)(const XT *x, int64_t n, V P, const int prefetch, V *s, V *q)
+{
+    const V z = VOP(zero)();
+    V s0 = z, s1 = z, s2 = z, s3 = z, q0 = z, q1 = z, q2 = z, q3 = z;
+    int64_t j;
+    for (j = 0; j + 4 * VL <= n; j += 4 * VL) {
+        if (prefetch) {
+            cn_prefetch(x + n + j);
+            cn_prefetch(x + n + j + 2 * VL);
+        }
+        V e0 = VOP(sub)(XLD(x + j), P), e1 = VOP(sub)(XLD(x + j + VL), P);
+        V e2 = VOP(sub)(XLD(x + j + 2 * VL), P), e3 = VOP(sub)(XLD(x + j + 3 * VL), P);
+        s0 = VOP(add)(s0, e0); s1 = VOP(add)(s1, e1); s2 = VOP(add)(s2, e2); s3 = VOP(add)(s3, e3);
+        q0 = VOP(fmadd)(e0, e0, q0); q1 = VOP(fmadd)(e1, e1, q1);
+        q2 = VOP(fmadd)(e2, e2, q2); q3 = VOP(fmadd)(e3, e3, q3);
+    }
+    for (; j + VL <= n; j += VL) {
+        V e = VOP(sub)(XLD(x + j), P);
+        s0 = VOP(add)(s0, e); q0 = VOP(fmadd)(e, e, q0);
+    }
+    if (j < n) {
+        V e = VOP(keepn)(VOP(sub)(XLDN(x + j, n - j), P), n - j);
+        s1 = VOP(add)(s1, e); q1 = VOP(fmadd)(e, e, q1);
+    }
+    *s = VOP(add)(VOP(add)(s0, s1), VOP(add)(s2, s3));
+    *q = VOP(add)(VOP(add)(q0, q1), VOP(add)(q2, q3));
 }
 
 /* Lane-wise sum of squares of x[0:n] (unreduced). */
@@ -203,8 +234,6 @@ CN_INLINE void FN(twopass_moments)(const XT *x, int64_t n, AT pivot, cn_moments 
  * m2 = sum x^2. */
 CN_INLINE void FN(chunk_moments)(const XT *x, int64_t n, AT pivot, const int center, cn_moments *m)
 {
-    int64_t j;
-    V z = VOP(zero)();
     m->n = (double)n;
     if (!center) {
         m->delta = 0.0;
@@ -213,28 +242,10 @@ CN_INLINE void FN(chunk_moments)(const XT *x, int64_t n, AT pivot, const int cen
     }
     {
         const AT pc = FN(head_mean)(x, n);
-        V PC = VOP(set1)(pc);
-        V s0 = z, s1 = z, s2 = z, s3 = z, q0 = z, q1 = z, q2 = z, q3 = z;
-        for (j = 0; j + 4 * VL <= n; j += 4 * VL) {
-            /* the next chunk: keeps DRAM busy through this chunk's hsums */
-            cn_prefetch(x + n + j);
-            cn_prefetch(x + n + j + 2 * VL);
-            V e0 = VOP(sub)(XLD(x + j), PC), e1 = VOP(sub)(XLD(x + j + VL), PC);
-            V e2 = VOP(sub)(XLD(x + j + 2 * VL), PC), e3 = VOP(sub)(XLD(x + j + 3 * VL), PC);
-            s0 = VOP(add)(s0, e0); s1 = VOP(add)(s1, e1); s2 = VOP(add)(s2, e2); s3 = VOP(add)(s3, e3);
-            q0 = VOP(fmadd)(e0, e0, q0); q1 = VOP(fmadd)(e1, e1, q1);
-            q2 = VOP(fmadd)(e2, e2, q2); q3 = VOP(fmadd)(e3, e3, q3);
-        }
-        for (; j + VL <= n; j += VL) {
-            V e = VOP(sub)(XLD(x + j), PC);
-            s0 = VOP(add)(s0, e); q0 = VOP(fmadd)(e, e, q0);
-        }
-        if (j < n) {
-            V e = VOP(keepn)(VOP(sub)(XLDN(x + j, n - j), PC), n - j);
-            s1 = VOP(add)(s1, e); q1 = VOP(fmadd)(e, e, q1);
-        }
-        double ss = (double)VOP(hsum)(VOP(add)(VOP(add)(s0, s1), VOP(add)(s2, s3)));
-        double qs = (double)VOP(hsum)(VOP(add)(VOP(add)(q0, q1), VOP(add)(q2, q3)));
+        V sv, qv;
+        FN(dev_moment_sums)(x, n, VOP(set1)(pc), 1, &sv, &qv);
+        double ss = (double)VOP(hsum)(sv);
+        double qs = (double)VOP(hsum)(qv);
         if (FN(onepass_moments)((double)pc, ss, qs, (double)n, pivot, m)) return;
     }
     FN(twopass_moments)(x, n, pivot, m);
@@ -538,7 +549,7 @@ CN_INLINE void FN(block_onepass)(const XT *X, int64_t N, int64_t nrows, double i
     FN(hsum_rows)(qv, nrows, q);
     for (i = 0; i < nrows; i++) {
         double ss = (double)s[i], qs = (double)q[i];
-        refused[i] = !(isfinite(ss) & isfinite(qs) & (3.0 * ss * ss <= n * qs));
+        refused[i] = !cn_onepass_accepts(ss, qs, n);
         any |= refused[i];
         dd[i] = ss * inv_n;
         m2[i] = qs - ss * dd[i];
@@ -721,29 +732,11 @@ CN_INLINE void FN(fwd_med_block)(const cn_fwd_args *a, int64_t r0, const int64_t
     AT pv[SMALL_BLOCK], q[SMALL_BLOCK];
     double dd[SMALL_BLOCK], m2[SMALL_BLOCK], rstd[SMALL_BLOCK];
     V sv[SMALL_BLOCK], qv[SMALL_BLOCK];
-    const V z = VOP(zero)();
-    int64_t i, j;
+    int64_t i;
     if (center) {
         FN(block_pivots)(X, N, nrows, pv);
-        for (i = 0; i < nrows; i++) {                  /* one pass: sums of x - pv and (x - pv)^2 */
-            const XT *x = X + i * N;
-            V P = VOP(set1)(pv[i]), s0 = z, s1 = z, q0 = z, q1 = z;
-            for (j = 0; j + 2 * VL <= N; j += 2 * VL) {
-                V e0 = VOP(sub)(XLD(x + j), P), e1 = VOP(sub)(XLD(x + j + VL), P);
-                s0 = VOP(add)(s0, e0); s1 = VOP(add)(s1, e1);
-                q0 = VOP(fmadd)(e0, e0, q0); q1 = VOP(fmadd)(e1, e1, q1);
-            }
-            for (; j + VL <= N; j += VL) {
-                V e = VOP(sub)(XLD(x + j), P);
-                s0 = VOP(add)(s0, e); q0 = VOP(fmadd)(e, e, q0);
-            }
-            if (j < N) {
-                V e = VOP(keepn)(VOP(sub)(XLDN(x + j, N - j), P), N - j);
-                s1 = VOP(add)(s1, e); q1 = VOP(fmadd)(e, e, q1);
-            }
-            sv[i] = VOP(add)(s0, s1);
-            qv[i] = VOP(add)(q0, q1);
-        }
+        for (i = 0; i < nrows; i++)                    /* one pass: sums of x - pv and (x - pv)^2 */
+            FN(dev_moment_sums)(X + i * N, N, VOP(set1)(pv[i]), 0, &sv[i], &qv[i]);
         FN(block_onepass)(X, N, nrows, inv_n, sv, qv, pv, dd, m2);
     } else {
         for (i = 0; i < nrows; i++) qv[i] = FN(sumsq_vec)(X + i * N, N);   /* RMSNorm: sum of squares */
