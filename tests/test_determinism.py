@@ -134,3 +134,49 @@ def test_array_addresses_change_no_bit(isa_level, pair, norm, rng, force_paralle
                         assert np.array_equal(g, e), f"{shape} T={T}: output {i} depends on the addresses"
             finally:
                 _isa.kernels._policy("stream_min_bytes", old)
+
+
+def _guarded(shape, dtype, offset):
+    """(buffer, view): an empty array `offset` bytes past a 64-byte boundary,
+    inside a buffer whose other bytes hold a pattern the call must not touch."""
+    itemsize = np.dtype(dtype).itemsize
+    nbytes = int(np.prod(shape)) * itemsize
+    buf = np.full(nbytes + 192, 0xA5, np.uint8)
+    start = 64 + (offset - buf.ctypes.data) % 64
+    view = buf[start:start + nbytes].view(dtype).reshape(shape)
+    assert view.ctypes.data % 64 == offset
+    return buf, view, start, nbytes
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("pair", PAIRS)
+def test_streamed_rows_at_any_alignment(isa_level, pair, norm, rng, force_parallel):
+    """Streamed rows end in partial vectors, which stream too (in 4-byte
+    pieces) when the output is not aligned to the vector width. Outputs at
+    every element offset from a 64-byte boundary: the same bits as unstreamed
+    aligned ones, and not a byte written outside the output."""
+    for shape in [(33, 250), (17, 1031), (3, 9000), (2, 20000)]:
+        x, dy, w, b = make_inputs(rng, shape, 1, pair)
+        itemsize = x.dtype.itemsize
+        if norm == "layer":
+            y0, mean, rstd = cynorm.layer_norm_forward(x, w, b)
+            fwd = lambda out, T: cynorm.layer_norm(x, w, b, num_threads=T, out=out)
+            bwd = lambda out, T: cynorm.layer_norm_backward(dy, x, mean, rstd, w, num_threads=T, out=out)
+        else:
+            y0, rstd = cynorm.rms_norm_forward(x, w)
+            fwd = lambda out, T: cynorm.rms_norm(x, w, num_threads=T, out=out)
+            bwd = lambda out, T: cynorm.rms_norm_backward(dy, x, rstd, w, num_threads=T, out=out)
+        dx0 = bwd(None, 1)[0]
+        old = _isa.kernels._policy("stream_min_bytes", 0)
+        try:
+            for offset in range(0, 33, itemsize):
+                for T in (1, 3):
+                    for call, want, what in ((fwd, y0, "y"), (lambda o, T: bwd(o, T)[0], dx0, "dx")):
+                        buf, out, start, nbytes = _guarded(x.shape, x.dtype, offset)
+                        call(out, T)
+                        where = f"{shape}, {what} {offset} bytes off, T={T}"
+                        assert np.array_equal(out.view(np.uint8), want.view(np.uint8)), where
+                        assert (buf[:start] == 0xA5).all() and (buf[start + nbytes:] == 0xA5).all(), \
+                            f"{where}: bytes outside the output were written"
+        finally:
+            _isa.kernels._policy("stream_min_bytes", old)

@@ -11,7 +11,7 @@
 # about 100 ns each to acquire, a large share of a tiny call, and bf16/f16
 # would need a uint16 view first.)
 
-from libc.stdint cimport int64_t, uint16_t
+from libc.stdint cimport int64_t, uint16_t, uintptr_t
 from libc.stdlib cimport malloc, free
 cimport numpy as cnp
 from cython.parallel cimport prange, parallel
@@ -162,6 +162,22 @@ cdef int64_t PARTS_IN_A_BYTES = 4 << 20
 # With more threads, the backward team path's phase A goes by column chunk and
 # adds the rows into the block partials there (see _backward_team). Changes no bit.
 cdef bint BWD_A_BY_CHUNK = True
+
+
+cdef inline bint _streams(const void *out, int64_t M, int64_t N, int x_size) noexcept nogil:
+    """Write this output with non-temporal stores? Large ones, yes: they will
+    not stay in cache. The partial vectors at the ends of unaligned rows then
+    stream too, in 4-byte pieces (cn_stream_bytes in cn_simd.h). For 16-bit
+    rows those pieces lost to plain stores throughout: bf16 rows of 256 at 4,
+    8 and 12 bytes off a 16-byte boundary, C harness, 1 thread, cycles per 8
+    elements, forward 15-19 streamed against 10-13 plain; and rows 2 bytes
+    off a 4-byte boundary would need a plain 2-byte store beside the stream
+    (a DRAM round trip per row: 2.2x slower). So 16-bit outputs stream only
+    when every row starts on a 16-byte boundary, as NumPy's arrays of rows of
+    8k elements do. Changes no bit."""
+    if M * N * x_size < STREAM_MIN_BYTES:
+        return False
+    return x_size != 2 or (<uintptr_t>out % 16 == 0 and N % 8 == 0)
 
 
 cdef inline int _long_group(int T) noexcept nogil:
@@ -511,7 +527,7 @@ def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, 
     a.N = N
     a.eps = eps
     a.center = center
-    a.stream = M * N * ops.x_size >= STREAM_MIN_BYTES
+    a.stream = _streams(a.y, M, N, ops.x_size)
     a.populate = a.stream and fresh   # see cn_populate_write
     cdef int rc = 0
     cdef int T
@@ -645,7 +661,7 @@ def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, 
     a.M = M
     a.N = N
     a.center = center
-    a.stream = M * N * ops.x_size >= STREAM_MIN_BYTES
+    a.stream = _streams(a.dx, M, N, ops.x_size)
     a.populate = a.stream and fresh
     cdef int k = 0
     if dweight is not None:
