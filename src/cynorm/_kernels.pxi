@@ -173,8 +173,8 @@ cdef inline bint _streams(const void *out, int64_t M, int64_t N, int x_size) noe
     elements, forward 15-19 streamed against 10-13 plain; and rows 2 bytes
     off a 4-byte boundary would need a plain 2-byte store beside the stream
     (a DRAM round trip per row: 2.2x slower). So 16-bit outputs stream only
-    when every row starts on a 16-byte boundary, as NumPy's arrays of rows of
-    8k elements do. Changes no bit."""
+    when every row starts on a 16-byte boundary (in NumPy's arrays: rows of
+    a multiple of 8 elements), with AVX2 their vector width. Changes no bit."""
     if M * N * x_size < STREAM_MIN_BYTES:
         return False
     return x_size != 2 or (<uintptr_t>out % 16 == 0 and N % 8 == 0)

@@ -531,6 +531,7 @@ CN_PARTIAL_STREAM(cn_vf, f32, float, CN_VF_LANES)
 CN_PARTIAL_STREAM(cn_vf, bf16, cn_bf16, CN_VF_LANES)
 CN_PARTIAL_STREAM(cn_vf, f16, cn_f16, CN_VF_LANES)
 CN_PARTIAL_STREAM(cn_vd, f64, double, CN_VD_LANES)
+#undef CN_PARTIAL_STREAM
 #undef CN_PAIR_STORES
 
 #endif /* CN_SIMD_H */
