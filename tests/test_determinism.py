@@ -98,13 +98,22 @@ def test_long_rows_any_grouping(isa_level, pair, norm, rng, force_parallel):
     same_bits_with("parts_in_a_bytes", 0, (1,), "partials in phase C")
 
 
+def _guarded(shape, dtype, offset):
+    """(buffer, view, start, nbytes): an empty array `offset` bytes past a 64-byte boundary,
+    at buffer[start:start + nbytes]; the other bytes hold a pattern a call must not touch."""
+    itemsize = np.dtype(dtype).itemsize
+    nbytes = int(np.prod(shape)) * itemsize
+    buf = np.full(nbytes + 192, 0xA5, np.uint8)
+    start = 64 + (offset - buf.ctypes.data) % 64
+    view = buf[start:start + nbytes].view(dtype).reshape(shape)
+    assert view.ctypes.data % 64 == offset
+    return buf, view, start, nbytes
+
+
 def _at(a, offset):
     """A copy of a whose data starts `offset` bytes past a 64-byte boundary."""
-    buf = np.empty(a.nbytes + 128, np.uint8)
-    start = (offset - buf.ctypes.data) % 64
-    out = buf[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out = _guarded(a.shape, a.dtype, offset)[1]
     out[...] = a
-    assert out.ctypes.data % 64 == offset
     return out
 
 
@@ -134,18 +143,6 @@ def test_array_addresses_change_no_bit(isa_level, pair, norm, rng, force_paralle
                         assert np.array_equal(g, e), f"{shape} T={T}: output {i} depends on the addresses"
             finally:
                 _isa.kernels._policy("stream_min_bytes", old)
-
-
-def _guarded(shape, dtype, offset):
-    """(buffer, view): an empty array `offset` bytes past a 64-byte boundary,
-    inside a buffer whose other bytes hold a pattern the call must not touch."""
-    itemsize = np.dtype(dtype).itemsize
-    nbytes = int(np.prod(shape)) * itemsize
-    buf = np.full(nbytes + 192, 0xA5, np.uint8)
-    start = 64 + (offset - buf.ctypes.data) % 64
-    view = buf[start:start + nbytes].view(dtype).reshape(shape)
-    assert view.ctypes.data % 64 == offset
-    return buf, view, start, nbytes
 
 
 @pytest.mark.parametrize("norm", ["layer", "rms"])

@@ -32,6 +32,9 @@
 #define XST2(p, a, b) CN_CAT3(V, _store2_, CN_XS)(p, a, b)
 #define XSTREAM2(p, a, b) CN_CAT3(V, _stream2_, CN_XS)(p, a, b)
 #define XSTREAMN(p, v, n) CN_CAT3(V, _streamn_, CN_XS)(p, v, n)
+/* the partial vector at a row's end: non-temporal too when the row streams,
+ * so that no cache line gets both kinds of store (see cn_stream_bytes) */
+#define XSTN_ROW(p, v, n, stream) ((stream) ? XSTREAMN(p, v, n) : XSTN(p, v, n))
 #define PLD(p) CN_CAT3(V, _load_, CN_PS)(p)
 #define PLDN(p, n) CN_CAT3(V, _loadn_, CN_PS)(p, n)
 #define PST(p, v) CN_CAT3(V, _store_, CN_PS)(p, v)
@@ -298,10 +301,8 @@ CN_INLINE void FN(apply_impl)(const XT *x, XT *y, const PT *w, const PT *b, int6
 #define CN_ST_STREAM(p, v, t) XSTREAM(p, v)
 #define CN_LDX_PART(p, t) XLDN(p, t)
 #define CN_LDP_PART(p, t) PLDN(p, t)
-#define CN_ST_PART(p, v, t) XSTN(p, v, t)
-#define CN_ST_STREAM_PART(p, v, t) XSTREAMN(p, v, t)
-    /* a streamed row's partial ends stream too (see cn_stream_bytes) */
-    if (head) CN_APPLY(0, head, CN_LDX_PART, CN_LDP_PART, CN_ST_STREAM_PART)   /* head < VL when streaming */
+#define CN_ST_PART(p, v, t) XSTN_ROW(p, v, t, stream)
+    if (head) CN_APPLY(0, head, CN_LDX_PART, CN_LDP_PART, CN_ST_PART)   /* head < VL when streaming */
     j = head;
     if (stream) {
         for (; j + 2 * VL <= n; j += 2 * VL) {
@@ -316,10 +317,7 @@ CN_INLINE void FN(apply_impl)(const XT *x, XT *y, const PT *w, const PT *b, int6
         }
         if (j + VL <= n) { if (j < npf) cn_prefetch(pf + j); CN_APPLY(j, VL, CN_LDX_FULL, CN_LDP_FULL, CN_ST_FULL) j += VL; }
     }
-    if (j < n) {
-        if (stream) CN_APPLY(j, n - j, CN_LDX_PART, CN_LDP_PART, CN_ST_STREAM_PART)
-        else CN_APPLY(j, n - j, CN_LDX_PART, CN_LDP_PART, CN_ST_PART)
-    }
+    if (j < n) CN_APPLY(j, n - j, CN_LDX_PART, CN_LDP_PART, CN_ST_PART)
 #undef CN_NORM
 #undef CN_APPLY
 #undef CN_APPLY2
@@ -330,7 +328,6 @@ CN_INLINE void FN(apply_impl)(const XT *x, XT *y, const PT *w, const PT *b, int6
 #undef CN_LDX_PART
 #undef CN_LDP_PART
 #undef CN_ST_PART
-#undef CN_ST_STREAM_PART
 }
 
 /* apply_impl for a mean already split into hi and lr = -lo * rstd (split_mean) */
@@ -1011,10 +1008,8 @@ CN_INLINE void FN(bwd_dx_impl)(const XT *dy, const XT *x, const PT *w, XT *dx, i
 #define CN_LDP_PART(p, t) PLDN(p, t)
 #define CN_LDA_PART(p, t) ALDN(p, t)
 #define CN_STA_PART(p, v, t) ASTN(p, v, t)
-#define CN_ST_PART(p, v, t) XSTN(p, v, t)
-#define CN_ST_STREAM_PART(p, v, t) XSTREAMN(p, v, t)
-    /* a streamed row's partial ends stream too (see cn_stream_bytes) */
-    if (head) CN_DX(0, head, CN_LDX_PART, CN_LDP_PART, CN_LDA_PART, CN_STA_PART, CN_ST_STREAM_PART)
+#define CN_ST_PART(p, v, t) XSTN_ROW(p, v, t, stream)
+    if (head) CN_DX(0, head, CN_LDX_PART, CN_LDP_PART, CN_LDA_PART, CN_STA_PART, CN_ST_PART)
     j = head;
 #define CN_DX_PF(J) if ((J) < npf) { cn_prefetch(x + pf + (J)); cn_prefetch(dy + pf + (J)); }
     if (stream) {
@@ -1030,10 +1025,7 @@ CN_INLINE void FN(bwd_dx_impl)(const XT *dy, const XT *x, const PT *w, XT *dx, i
         }
         if (j + VL <= n) { CN_DX_PF(j) CN_DX(j, VL, CN_LDX_FULL, CN_LDP_FULL, CN_LDA_FULL, CN_STA_FULL, CN_ST_FULL) j += VL; }
     }
-    if (j < n) {
-        if (stream) CN_DX(j, n - j, CN_LDX_PART, CN_LDP_PART, CN_LDA_PART, CN_STA_PART, CN_ST_STREAM_PART)
-        else CN_DX(j, n - j, CN_LDX_PART, CN_LDP_PART, CN_LDA_PART, CN_STA_PART, CN_ST_PART)
-    }
+    if (j < n) CN_DX(j, n - j, CN_LDX_PART, CN_LDP_PART, CN_LDA_PART, CN_STA_PART, CN_ST_PART)
 #undef CN_DX_PF
 #undef CN_DXV
 #undef CN_DX
@@ -1049,7 +1041,6 @@ CN_INLINE void FN(bwd_dx_impl)(const XT *dy, const XT *x, const PT *w, XT *dx, i
 #undef CN_LDA_PART
 #undef CN_STA_PART
 #undef CN_ST_PART
-#undef CN_ST_STREAM_PART
 }
 
 /* dx of row r, columns c0..c1; with dwp (team path) also the partials (acc 1: write, 2: add) */
@@ -1163,9 +1154,8 @@ CN_INLINE void FN(bwd_dx_rows_impl)(const cn_bwd_args *a, int64_t r, const int R
 #define CN_LDP_T(p) PLDN(p, t)
 #define CN_LDA_T(p) ALDN(p, t)
 #define CN_STA_T(p, v) ASTN(p, v, t)
-#define CN_ST_T(p, v) XSTN(p, v, t)
-#define CN_STREAM_T(p, v) XSTREAMN(p, v, t)
-        CN_DXR(0, CN_LDX_T, CN_LDP_T, CN_LDA_T, CN_STA_T, CN_STREAM_T)   /* head > 0: nt (cn_stream_bytes) */
+#define CN_ST_T(p, v) XSTN_ROW(p, v, t, nt)
+        CN_DXR(0, CN_LDX_T, CN_LDP_T, CN_LDA_T, CN_STA_T, CN_ST_T)
         j = head;
     }
 #define CN_ID_LDX(p) XLD(p)
@@ -1190,10 +1180,8 @@ CN_INLINE void FN(bwd_dx_rows_impl)(const cn_bwd_args *a, int64_t r, const int R
     }
     if (j < n) {
         const int64_t t = n - j;
-        if (nt) CN_DXR(j, CN_LDX_T, CN_LDP_T, CN_LDA_T, CN_STA_T, CN_STREAM_T)
-        else CN_DXR(j, CN_LDX_T, CN_LDP_T, CN_LDA_T, CN_STA_T, CN_ST_T)
+        CN_DXR(j, CN_LDX_T, CN_LDP_T, CN_LDA_T, CN_STA_T, CN_ST_T)
     }
-#undef CN_STREAM_T
 #undef CN_LDX_T
 #undef CN_LDP_T
 #undef CN_LDA_T
@@ -1488,6 +1476,7 @@ static const cn_ops FN(cn_ops) = {
 #undef XST2
 #undef XSTREAM2
 #undef XSTREAMN
+#undef XSTN_ROW
 #undef PLD
 #undef PLDN
 #undef PST
