@@ -128,7 +128,7 @@ def test_huge_page_outputs_are_bit_identical(monkeypatch):
 @huge_pages
 def test_huge_page_arrays_resize_copy_and_free():
     """resize (the allocator's realloc) keeps the data; copies and pickles are plain
-    arrays; dropping the arrays gives the memory back to the OS."""
+    arrays; dropping the arrays does not grow memory (recycled, or given back)."""
     import pickle
 
     x = np.random.default_rng(3).standard_normal((4096, 256)).astype(np.float32)
@@ -150,6 +150,55 @@ def test_huge_page_arrays_resize_copy_and_free():
     gc.collect()
     growth = _rss_bytes() - before
     assert growth < 16 * 2**20, f"RSS grew by {growth / 2**20:.1f} MiB over 200 large calls"
+
+
+@huge_pages
+def test_freed_outputs_are_recycled_and_fully_overwritten():
+    """A freed huge-page output is reused by the next one of its size (same
+    address, pages already in), every byte of it is rewritten (garbage left in
+    it never shows), and a limit of 0 or release_recycled gives it back."""
+    rng = np.random.default_rng(4)
+    limit = _alloc.recycle_limit()
+    try:
+        _alloc.set_recycle_limit(64 << 20)
+        for xd, pd in [(np.float32, np.float32), (bfloat16, bfloat16), (np.float16, np.float32)]:
+            x = rng.standard_normal((300, 4100)).astype(xd)
+            w = rng.standard_normal(4100).astype(pd)
+            want = {k: v.copy() for k, v in _all_outputs(x, w, w, threads=2).items()}
+            y = cynorm.layer_norm(x, w, w)
+            addr = y.ctypes.data
+            y.view(np.uint8)[:] = 0xFF                      # NaN garbage for the next user
+            del y
+            assert _alloc.recycled_bytes() >= x.nbytes
+            got = _all_outputs(x, w, w, threads=2)          # its y takes the kept mapping
+            assert got["y"].ctypes.data == addr
+            for name in want:
+                np.testing.assert_array_equal(got[name].view(np.uint8), want[name].view(np.uint8), err_msg=name)
+            del got
+        assert _alloc.release_recycled() > 0 and _alloc.recycled_bytes() == 0
+        _alloc.set_recycle_limit(0)
+        y = cynorm.layer_norm(x)
+        del y
+        assert _alloc.recycled_bytes() == 0 and not _alloc.last_recycled()
+        y = cynorm.layer_norm(x)
+        assert not _alloc.last_recycled()
+        with pytest.raises(ValueError, match=">= 0"):
+            _alloc.set_recycle_limit(-1)
+    finally:
+        _alloc.set_recycle_limit(limit)
+
+
+@linux_only
+def test_recycle_env():
+    """CYNORM_RECYCLE_MB sets the limit; a bad value is refused at import with a clear message."""
+    code = "import cynorm._alloc as a; print(a.recycle_limit())"
+    for flag, want in (("0", "0"), ("1.5", str(3 << 19))):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=dict(os.environ, CYNORM_RECYCLE_MB=flag), timeout=120)
+        assert r.returncode == 0 and r.stdout.strip() == (want if _alloc.enabled else "0"), (r.stdout, r.stderr)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, CYNORM_RECYCLE_MB="lots"), timeout=120)
+    assert r.returncode != 0 and "CYNORM_RECYCLE_MB must be a number of MiB" in r.stderr
 
 
 @linux_only

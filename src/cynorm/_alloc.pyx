@@ -5,7 +5,9 @@ Why: a fresh array's 4 KiB pages cost ~1.5 us each to fault in and zero on
 the machines we measure on -- more, for some shapes, than the kernel itself
 (include/cn_alloc.h has the numbers). The arrays made here own their memory
 through a NumPy allocator (NEP 49), so they behave like any other array.
-Built with baseline flags: safe to import on any CPU.
+Freed ones are kept, up to a limit, for the next output of the same size
+(recycling: its pages are faulted in already). Built with baseline flags:
+safe to import on any CPU.
 """
 
 import os
@@ -17,6 +19,9 @@ cnp.import_array()
 
 cdef extern from "cn_alloc.h":
     int cn_huge_available()
+    size_t cn_recycle_keep(char *head, int set_limit, size_t limit) nogil
+    size_t cn_recycled_now() nogil
+    int cn_last_recycled
 
 cdef extern from *:
     """
@@ -46,6 +51,60 @@ def _wanted():
 
 #: False where the OS has no mmap/madvise (not Linux) or CYNORM_HUGEPAGES=0
 enabled = _wanted()
+
+#: Freed outputs kept for reuse, in MiB, unless CYNORM_RECYCLE_MB says otherwise
+DEFAULT_RECYCLE_MB = 256
+
+
+def _recycle_bytes_from_env():
+    text = os.environ.get("CYNORM_RECYCLE_MB", "").strip()
+    if not text:
+        return DEFAULT_RECYCLE_MB << 20
+    try:
+        mb = float(text)
+    except ValueError:
+        mb = -1.0
+    if not mb >= 0 or mb > 1 << 40:
+        raise ValueError(f"cynorm: CYNORM_RECYCLE_MB must be a number of MiB >= 0 (0: keep nothing), got {text!r}")
+    return int(mb * (1 << 20))
+
+
+def set_recycle_limit(nbytes):
+    """Keep at most `nbytes` of freed outputs for reuse (0: none); gives back
+    what is kept beyond that now. Returns the bytes given back."""
+    global _limit
+    nbytes = int(nbytes)
+    if nbytes < 0:
+        raise ValueError(f"cynorm: the recycle limit must be >= 0 bytes, got {nbytes}")
+    _limit = nbytes
+    return cn_recycle_keep(NULL, 1, nbytes)
+
+
+def recycle_limit():
+    """The bytes of freed outputs that may be kept for reuse."""
+    return _limit
+
+
+def recycled_bytes():
+    """The bytes of freed outputs kept for reuse right now."""
+    return cn_recycled_now()
+
+
+def release_recycled():
+    """Give every kept output back to the OS (the limit stays); returns the bytes."""
+    freed = cn_recycle_keep(NULL, 1, 0)
+    cn_recycle_keep(NULL, 1, _limit)
+    return freed
+
+
+def last_recycled():
+    """Did this thread's last huge-page output reuse a kept one (pages already in)?"""
+    return bool(cn_last_recycled)
+
+
+_limit = 0
+_from_env = _recycle_bytes_from_env()   # (checked even where unused: a typo never hides)
+set_recycle_limit(_from_env if enabled else 0)
 
 _handler = cn_huge_handler_capsule()
 _np_empty = np.empty

@@ -209,14 +209,16 @@ def _layout_uncached(shape, axis):
 
 
 def _destination(out, shape, new, dtype, params):
-    """The output array (fresh from `new`, or the checked `out`), and params copied if they overlap it."""
+    """The output array (new from `new`, or the checked `out`), whether its pages
+    are still to be faulted in (fresh), and params copied if they overlap it."""
     if out is None:
-        return new(shape, dtype), params
+        dst = new(shape, dtype)   # a recycled huge-page output has its pages in already
+        return dst, not (new is _huge_empty and _alloc.last_recycled()), params
     dst = _check_out(out, shape, dtype)
     for p in params:   # a list of copies only when one overlaps dst (rare)
         if p is not None and np.may_share_memory(p, dst):
-            return dst, [q.copy() if q is not None and np.may_share_memory(q, dst) else q for q in params]
-    return dst, params
+            return dst, False, [q.copy() if q is not None and np.may_share_memory(q, dst) else q for q in params]
+    return dst, False, params
 
 
 #: (x type number, param type number or -1) -> (pair code, stats type number),
@@ -236,12 +238,12 @@ def _forward(x, weight, bias, axis, eps, num_threads, out, center, want_stats):
     eps = _eps(eps)
     T = resolve_num_threads(num_threads)
     new_y, new_stat = _makers(M * N, pair.x, M, pair.stat)
-    y, (weight, bias) = _destination(out, x.shape, new_y, pair.x, (weight, bias))
+    y, fresh, (weight, bias) = _destination(out, x.shape, new_y, pair.x, (weight, bias))
     x = _contiguous_input(x, out)
     mean = new_stat(stat_shape, pair.stat) if (center and want_stats) else None
     rstd = new_stat(stat_shape, pair.stat)
     if M:
-        _isa.kernels.forward(pair.code, center, x, y, weight, bias, mean, rstd, M, N, eps, T, out is None)
+        _isa.kernels.forward(pair.code, center, x, y, weight, bias, mean, rstd, M, N, eps, T, fresh)
     return y, mean, rstd
 
 
@@ -260,7 +262,8 @@ def _backward(dy, x, mean, rstd, weight, axis, num_threads, out, center):
     rstd = _stats(rstd, "rstd", x.shape, stat_shape, ax, pair.stat)
     T = resolve_num_threads(num_threads)
     new_dx, new_grad = _makers(M * N, pair.x, N, pair.grad)
-    dx, (weight, mean, rstd) = _destination(out, x.shape, new_dx, pair.x, (weight, mean if center else None, rstd))
+    dx, fresh, (weight, mean, rstd) = _destination(out, x.shape, new_dx, pair.x,
+                                                   (weight, mean if center else None, rstd))
     x = _contiguous_input(x, out)
     dy = _contiguous_input(dy, out)
     if weight is not None:
@@ -273,7 +276,7 @@ def _backward(dy, x, mean, rstd, weight, axis, num_threads, out, center):
     else:
         dweight = dbias = None
     if M:
-        _isa.kernels.backward(pair.code, center, dy, x, mean, rstd, weight, dx, dweight, dbias, M, N, T, out is None)
+        _isa.kernels.backward(pair.code, center, dy, x, mean, rstd, weight, dx, dweight, dbias, M, N, T, fresh)
     return dx, dweight, dbias
 
 

@@ -49,6 +49,7 @@ def config():
         "openmp_runtime": _openmp_runtime(),
         "max_threads": int(kernels.max_threads()),
         "hugepage_outputs": bool(_alloc.enabled),
+        "recycle_limit_bytes": int(_alloc.recycle_limit()),
         "python": sys.version.split()[0],
         "numpy": np.__version__,
         "ml_dtypes": ml_dtypes.__version__,
@@ -77,6 +78,7 @@ def show_config():
         + (f", {omp['internal_api']} {omp['version'] or ''} ({omp['filepath']})" if omp else ""),
         f"  default threads  : {cfg['max_threads']}   (OMP_NUM_THREADS / threadpoolctl)",
         f"  huge-page outputs: {'yes' if cfg['hugepage_outputs'] else 'no'}   (outputs >= 1 MiB; CYNORM_HUGEPAGES=0 to turn off)",
+        f"  recycled outputs : up to {cfg['recycle_limit_bytes'] / 2**20:g} MiB kept   (CYNORM_RECYCLE_MB)",
         f"  python {cfg['python']}, numpy {cfg['numpy']}, ml_dtypes {cfg['ml_dtypes']}",
     ]
     print("\n".join(lines))
