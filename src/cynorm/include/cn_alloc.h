@@ -38,11 +38,18 @@
 
 static int cn_huge_available(void) { return 1; }
 
-static void *cn_huge_alloc(size_t size)
+/* the data bytes mapped for `size` (whole huge pages); 0 when too large */
+static size_t cn_huge_len(size_t size)
 {
     if (size == 0) size = 1;
-    if (size > SIZE_MAX - 3 * CN_HUGE_PAGE) return NULL;
-    const size_t len = (size + CN_HUGE_PAGE - 1) & ~(CN_HUGE_PAGE - 1);   /* whole huge pages */
+    if (size > SIZE_MAX - 3 * CN_HUGE_PAGE) return 0;
+    return (size + CN_HUGE_PAGE - 1) & ~(CN_HUGE_PAGE - 1);
+}
+
+static void *cn_huge_alloc(size_t size)
+{
+    const size_t len = cn_huge_len(size);
+    if (len == 0) return NULL;
     const size_t total = CN_HUGE_HEADER + len + CN_HUGE_PAGE;              /* room to align */
     char *base = (char *)mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == (char *)MAP_FAILED) return NULL;
@@ -59,29 +66,33 @@ static void *cn_huge_alloc(size_t size)
 
 /* ---- recycled mappings (see above); every access under cn_recycle_lock ---- */
 #define CN_RECYCLE_SLOTS 8
-static char *cn_recycled[CN_RECYCLE_SLOTS];   /* mapping heads, oldest first */
+static char *cn_recycled[CN_RECYCLE_SLOTS + 1];   /* mapping heads, oldest first (+1: room to add, then trim) */
 static int cn_recycled_count;
 static size_t cn_recycled_bytes, cn_recycle_limit;
 static char cn_recycle_lock_flag;
-static __thread int cn_last_recycled;         /* did this thread's last cn_huge_alloc recycle? */
+static __thread int cn_last_recycled;             /* did this thread's last cn_huge_alloc_any recycle? */
 
 static void cn_recycle_lock(void) { while (__atomic_test_and_set(&cn_recycle_lock_flag, __ATOMIC_ACQUIRE)) {} }
 static void cn_recycle_unlock(void) { __atomic_clear(&cn_recycle_lock_flag, __ATOMIC_RELEASE); }
 static size_t cn_map_len(const char *head) { return *(const size_t *)head; }
+
+/* slot i taken out of the list (lock held) */
+static char *cn_recycle_remove(int i)
+{
+    char *head = cn_recycled[i];
+    for (int j = i; j + 1 < cn_recycled_count; j++) cn_recycled[j] = cn_recycled[j + 1];
+    cn_recycled_count--;
+    cn_recycled_bytes -= cn_map_len(head);
+    return head;
+}
 
 /* the newest kept mapping of exactly `len` bytes, taken out; NULL if none */
 static char *cn_recycle_take(size_t len)
 {
     char *head = NULL;
     cn_recycle_lock();
-    for (int i = cn_recycled_count - 1; i >= 0; i--) {
-        if (cn_map_len(cn_recycled[i]) != len) continue;
-        head = cn_recycled[i];
-        for (int j = i; j + 1 < cn_recycled_count; j++) cn_recycled[j] = cn_recycled[j + 1];
-        cn_recycled_count--;
-        cn_recycled_bytes -= len;
-        break;
-    }
+    for (int i = cn_recycled_count - 1; i >= 0 && head == NULL; i--)
+        if (cn_map_len(cn_recycled[i]) == len) head = cn_recycle_remove(i);
     cn_recycle_unlock();
     return head;
 }
@@ -89,7 +100,7 @@ static char *cn_recycle_take(size_t len)
 /* Keep the mapping at head (NULL: keep nothing) and give back the oldest ones
  * until at most the limit (set to `limit` first when set_limit) in bytes and
  * CN_RECYCLE_SLOTS mappings are kept. A mapping larger than the limit is given
- * back at once. Returns the bytes given back. */
+ * back at once (it must not push out the others). Returns the bytes given back. */
 static size_t cn_recycle_keep(char *head, int set_limit, size_t limit)
 {
     char *drop[CN_RECYCLE_SLOTS + 1];
@@ -97,24 +108,13 @@ static size_t cn_recycle_keep(char *head, int set_limit, size_t limit)
     size_t freed = 0;
     cn_recycle_lock();
     if (set_limit) cn_recycle_limit = limit;
-    limit = cn_recycle_limit;
-    if (head != NULL && cn_map_len(head) > limit) drop[ndrop++] = head;
+    if (head != NULL && cn_map_len(head) > cn_recycle_limit) drop[ndrop++] = head;
     else if (head != NULL) {
-        if (cn_recycled_count == CN_RECYCLE_SLOTS) {
-            drop[ndrop++] = cn_recycled[0];
-            cn_recycled_bytes -= cn_map_len(cn_recycled[0]);
-            for (int j = 0; j + 1 < cn_recycled_count; j++) cn_recycled[j] = cn_recycled[j + 1];
-            cn_recycled_count--;
-        }
         cn_recycled[cn_recycled_count++] = head;
         cn_recycled_bytes += cn_map_len(head);
     }
-    while (cn_recycled_bytes > limit) {
-        drop[ndrop++] = cn_recycled[0];
-        cn_recycled_bytes -= cn_map_len(cn_recycled[0]);
-        for (int j = 0; j + 1 < cn_recycled_count; j++) cn_recycled[j] = cn_recycled[j + 1];
-        cn_recycled_count--;
-    }
+    while (cn_recycled_count > CN_RECYCLE_SLOTS || cn_recycled_bytes > cn_recycle_limit)
+        drop[ndrop++] = cn_recycle_remove(0);
     cn_recycle_unlock();
     for (int i = 0; i < ndrop; i++) {   /* (outside the lock: munmap takes a while) */
         freed += cn_map_len(drop[i]);
@@ -140,9 +140,9 @@ static void cn_huge_free(void *ptr)
 /* cn_huge_alloc, or a recycled mapping of the same size when recycle is set */
 static void *cn_huge_alloc_any(size_t size, int recycle)
 {
+    const size_t len = cn_huge_len(size);
     cn_last_recycled = 0;
-    if (recycle && size <= SIZE_MAX - 3 * CN_HUGE_PAGE) {
-        const size_t len = ((size ? size : 1) + CN_HUGE_PAGE - 1) & ~(CN_HUGE_PAGE - 1);
+    if (recycle && len != 0) {
         char *head = cn_recycle_take(CN_HUGE_HEADER + len);
         if (head != NULL) {
             cn_last_recycled = 1;
