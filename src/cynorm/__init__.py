@@ -17,6 +17,7 @@ from ._api import (
     rms_norm_backward,
     rms_norm_forward,
 )
+from ._alloc import release_recycled
 from ._config import show_config
 from ._threads import get_num_threads
 
@@ -29,5 +30,6 @@ __all__ = [
     "rms_norm_forward",
     "rms_norm_backward",
     "show_config",
+    "release_recycled",
     "get_num_threads",
 ]
