@@ -176,6 +176,7 @@ def test_freed_outputs_are_recycled_and_fully_overwritten():
                 np.testing.assert_array_equal(got[name].view(np.uint8), want[name].view(np.uint8), err_msg=name)
             del got
         assert cynorm.release_recycled() > 0 and _alloc.recycled_bytes() == 0
+        assert _alloc.recycle_limit() == 64 << 20          # releasing keeps the limit
         _alloc.set_recycle_limit(0)
         y = cynorm.layer_norm(x)
         del y

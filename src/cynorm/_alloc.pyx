@@ -19,7 +19,9 @@ cnp.import_array()
 
 cdef extern from "cn_alloc.h":
     int cn_huge_available()
-    size_t cn_recycle_keep(char *head, int set_limit, size_t limit) nogil
+    size_t cn_recycle_keep(char *head, size_t cap) nogil
+    size_t cn_recycle_set_limit(size_t limit) nogil
+    size_t cn_recycle_limit_now() nogil
     size_t cn_recycled_now() nogil
     int cn_last_recycled
 
@@ -72,17 +74,15 @@ def _recycle_bytes_from_env():
 def set_recycle_limit(nbytes):
     """Keep at most `nbytes` of freed outputs for reuse (0: none); gives back
     what is kept beyond that now. Returns the bytes given back."""
-    global _limit
     nbytes = int(nbytes)
     if nbytes < 0:
         raise ValueError(f"cynorm: the recycle limit must be >= 0 bytes, got {nbytes}")
-    _limit = nbytes
-    return cn_recycle_keep(NULL, 1, nbytes)
+    return cn_recycle_set_limit(nbytes)
 
 
 def recycle_limit():
     """The bytes of freed outputs that may be kept for reuse."""
-    return _limit
+    return cn_recycle_limit_now()
 
 
 def recycled_bytes():
@@ -92,9 +92,7 @@ def recycled_bytes():
 
 def release_recycled():
     """Give every kept output back to the OS (the limit stays); returns the bytes."""
-    freed = cn_recycle_keep(NULL, 1, 0)
-    cn_recycle_keep(NULL, 1, _limit)
-    return freed
+    return cn_recycle_keep(NULL, 0)
 
 
 def last_recycled():
@@ -102,7 +100,6 @@ def last_recycled():
     return bool(cn_last_recycled)
 
 
-_limit = 0
 _from_env = _recycle_bytes_from_env()   # (checked even where unused: a typo never hides)
 set_recycle_limit(_from_env if enabled else 0)
 

@@ -98,22 +98,23 @@ static char *cn_recycle_take(size_t len)
 }
 
 /* Keep the mapping at head (NULL: keep nothing) and give back the oldest ones
- * until at most the limit (set to `limit` first when set_limit) in bytes and
- * CN_RECYCLE_SLOTS mappings are kept. A mapping larger than the limit is given
- * back at once (it must not push out the others). Returns the bytes given back. */
-static size_t cn_recycle_keep(char *head, int set_limit, size_t limit)
+ * until at most min(cap, the limit) bytes and CN_RECYCLE_SLOTS mappings are
+ * kept: one locked step, so a mapping freed meanwhile is either kept or
+ * counted. A mapping larger than that is given back at once (it must not push
+ * out the others). Returns the bytes given back. */
+static size_t cn_recycle_keep(char *head, size_t cap)
 {
     char *drop[CN_RECYCLE_SLOTS + 1];
     int ndrop = 0;
     size_t freed = 0;
     cn_recycle_lock();
-    if (set_limit) cn_recycle_limit = limit;
-    if (head != NULL && cn_map_len(head) > cn_recycle_limit) drop[ndrop++] = head;
+    const size_t keep = cap < cn_recycle_limit ? cap : cn_recycle_limit;
+    if (head != NULL && cn_map_len(head) > keep) drop[ndrop++] = head;
     else if (head != NULL) {
         cn_recycled[cn_recycled_count++] = head;
         cn_recycled_bytes += cn_map_len(head);
     }
-    while (cn_recycled_count > CN_RECYCLE_SLOTS || cn_recycled_bytes > cn_recycle_limit)
+    while (cn_recycled_count > CN_RECYCLE_SLOTS || cn_recycled_bytes > keep)
         drop[ndrop++] = cn_recycle_remove(0);
     cn_recycle_unlock();
     for (int i = 0; i < ndrop; i++) {   /* (outside the lock: munmap takes a while) */
@@ -121,6 +122,23 @@ static size_t cn_recycle_keep(char *head, int set_limit, size_t limit)
         munmap(drop[i], cn_map_len(drop[i]));
     }
     return freed;
+}
+
+/* Set the limit, then give back what it no longer allows; returns those bytes. */
+static size_t cn_recycle_set_limit(size_t limit)
+{
+    cn_recycle_lock();
+    cn_recycle_limit = limit;
+    cn_recycle_unlock();
+    return cn_recycle_keep(NULL, (size_t)-1);
+}
+
+static size_t cn_recycle_limit_now(void)
+{
+    cn_recycle_lock();
+    size_t n = cn_recycle_limit;
+    cn_recycle_unlock();
+    return n;
 }
 
 static size_t cn_recycled_now(void)
@@ -134,7 +152,7 @@ static size_t cn_recycled_now(void)
 static void cn_huge_free(void *ptr)
 {
     if (ptr == NULL) return;
-    (void)cn_recycle_keep((char *)ptr - CN_HUGE_HEADER, 0, 0);
+    (void)cn_recycle_keep((char *)ptr - CN_HUGE_HEADER, (size_t)-1);
 }
 
 /* cn_huge_alloc, or a recycled mapping of the same size when recycle is set */
@@ -161,7 +179,9 @@ static void *cn_huge_alloc(size_t size) { (void)size; return NULL; }
 static void *cn_huge_alloc_any(size_t size, int recycle) { (void)size; (void)recycle; return NULL; }
 static void cn_huge_free(void *ptr) { (void)ptr; }
 static size_t cn_huge_size(const void *ptr) { (void)ptr; return 0; }
-static size_t cn_recycle_keep(char *head, int set_limit, size_t limit) { (void)head; (void)set_limit; (void)limit; return 0; }
+static size_t cn_recycle_keep(char *head, size_t cap) { (void)head; (void)cap; return 0; }
+static size_t cn_recycle_set_limit(size_t limit) { (void)limit; return 0; }
+static size_t cn_recycle_limit_now(void) { return 0; }
 static size_t cn_recycled_now(void) { return 0; }
 static int cn_last_recycled;
 #endif
