@@ -74,7 +74,8 @@ def test_large_output_paths_change_no_bit(isa_level, pair, norm, rng, force_para
 def test_long_rows_any_grouping(isa_level, pair, norm, rng, force_parallel):
     """Rows whose dweight/dbias partials outgrow the cache (blocks of 64 rows,
     two here): the same bits for any thread count and any row-group size of
-    the team path, including groups that split the rows taken four at a time."""
+    the team path and of the forward's long rows, including groups that split
+    the rows taken four at a time."""
     x, dy, w, b = make_inputs(rng, (70, 33000), 1, pair)
     want = _run(norm, x, dy, w, b, 1)
     k = _isa.kernels
@@ -89,8 +90,11 @@ def test_long_rows_any_grouping(isa_level, pair, norm, rng, force_parallel):
         finally:
             k._policy(policy, old)
 
-    for group_bytes in (-1, 300 << 10, 900 << 10):   # (-1: the default, left as it is)
-        same_bits_with("team_group_bytes", group_bytes, (2, 3), f"group bytes {group_bytes}")
+    # -1 leaves the default. Rows of 33000 elements (over 64 KB in every dtype:
+    # the forward's long-row groups too): 300K fits fewer than 4 fp32/fp64 rows
+    # (so _long_group's count) and 4 16-bit ones; 900K 6 fp32 rows; 64M the cap of 16.
+    for group_bytes in (-1, 300 << 10, 900 << 10, 64 << 20):
+        same_bits_with("long_group_bytes", group_bytes, (1, 2, 3), f"group bytes {group_bytes}")
     # more threads add the partials in phase A, chunk by chunk, or in phase C
     same_bits_with("bwd_a_by_chunk", 0, (2, 3), "partials in phase C")
     # one thread adds the partials in phase A while they fit in cache, else in

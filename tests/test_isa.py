@@ -35,6 +35,23 @@ def test_show_config(capsys):
     assert cfg["isa"] in printed and cynorm.__version__ in printed
 
 
+def test_long_row_group_budget_follows_the_l3():
+    """A sixteenth of the L3, never below the 8 MB measured on 32 MB parts nor
+    above 32 MB; unknown (0) gives the floor. Every level's module gets it."""
+    mb = 1 << 20
+    assert _isa.long_group_bytes(0) == 8 * mb
+    assert _isa.long_group_bytes(32 * mb) == 8 * mb
+    assert _isa.long_group_bytes(256 * mb) == 16 * mb
+    assert _isa.long_group_bytes(480 * mb) == 30 * mb
+    assert _isa.long_group_bytes(2048 * mb) == 32 * mb
+    assert _isa.l3_cache_bytes() >= 0
+    want = _isa.long_group_bytes(_isa.l3_cache_bytes())
+    for level in _isa.available_levels():
+        with _isa.using(level):
+            assert _isa.kernels._policy("long_group_bytes") == want
+    assert cynorm.show_config()["long_group_bytes"] == want
+
+
 def test_highest_level_by_default():
     if os.environ.get(_isa.ENV_VAR):
         pytest.skip("CYNORM_ISA is set for this test run")

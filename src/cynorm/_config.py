@@ -50,6 +50,8 @@ def config():
         "max_threads": int(kernels.max_threads()),
         "hugepage_outputs": bool(_alloc.enabled),
         "recycle_limit_bytes": int(_alloc.recycle_limit()),
+        "l3_cache_bytes": _isa.l3_cache_bytes(),
+        "long_group_bytes": int(kernels._policy("long_group_bytes")),
         "python": sys.version.split()[0],
         "numpy": np.__version__,
         "ml_dtypes": ml_dtypes.__version__,
@@ -79,6 +81,8 @@ def show_config():
         f"  default threads  : {cfg['max_threads']}   (OMP_NUM_THREADS / threadpoolctl)",
         f"  huge-page outputs: {'yes' if cfg['hugepage_outputs'] else 'no'}   (outputs >= 1 MiB; CYNORM_HUGEPAGES=0 to turn off)",
         f"  recycled outputs : up to {cfg['recycle_limit_bytes'] / 2**20:g} MiB kept   (CYNORM_RECYCLE_MB)",
+        f"  L3 cache         : {cfg['l3_cache_bytes'] / 2**20:g} MiB   (groups of long rows: up to "
+        f"{cfg['long_group_bytes'] / 2**20:g} MiB)",
         f"  python {cfg['python']}, numpy {cfg['numpy']}, ml_dtypes {cfg['ml_dtypes']}",
     ]
     print("\n".join(lines))

@@ -80,10 +80,40 @@ def _initial_level():
     return available_levels()[-1]
 
 
+def l3_cache_bytes():
+    """The last-level (L3) cache size the OS reports, in bytes; 0 when unknown."""
+    try:
+        size = os.sysconf("SC_LEVEL3_CACHE_SIZE")   # glibc
+        if size > 0:
+            return int(size)
+    except (ValueError, OSError, AttributeError):
+        pass
+    try:   # other Linux C libraries: sysfs (index3 is the L3 on x86 and arm64)
+        with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
+            text = f.read().strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        return int(text.rstrip("KMG")) * scale
+    except (OSError, ValueError):
+        return 0
+
+
+#: Group budget for long rows: a sixteenth of the L3, at least the 8 MB measured on
+#: Zen 3/5 (32 MB L3), at most 32 MB (16 rows of 2 MB, the most a group takes).
+GROUP_BYTES_MIN, GROUP_BYTES_MAX = 8 << 20, 32 << 20
+
+
+def long_group_bytes(l3_bytes):
+    """Bytes of rows the kernels take as one group when rows are too long to be
+    read twice from L2 (see LONG_GROUP_BYTES in _kernels.pxi). A larger L3 holds
+    larger groups, which read the weight/bias and block partials fewer times."""
+    return min(max(l3_bytes // 16, GROUP_BYTES_MIN), GROUP_BYTES_MAX)
+
+
 def _load_with_policy(name):
     module = _load(name)
     if os.environ.get("CYNORM_OVERSUBSCRIBE", "").strip() not in ("", "0"):
         module._policy("oversubscribe", 1)   # allow num_threads above the core count
+    module._policy("long_group_bytes", long_group_bytes(l3_cache_bytes()))
     return module
 
 

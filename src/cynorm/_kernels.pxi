@@ -131,9 +131,13 @@ cdef int64_t MIN_ELEMS_PER_THREAD = 1 << 15
 # cores). Requests are capped at the cores this process may use unless
 # CYNORM_OVERSUBSCRIBE=1 (or the tests) allow it.
 cdef bint OVERSUBSCRIBE = False
-# The team path works on groups of rows of about this many bytes, so that the
-# second pass over a group finds it in (last-level) cache.
-cdef int64_t TEAM_GROUP_BYTES = 7 << 20
+# Rows too long to take whole from L2 go a group at a time, of at most this
+# many bytes (forward: x; backward team path: x and dy), so that the second
+# pass over a group finds it in the last-level cache; more rows per group read
+# each weight/bias (and block partial) piece fewer times. cynorm._isa sets it
+# from the CPU's L3 size at import (long_group_bytes there); 8 MB was measured
+# on Zen 3/5 (32 MB L3).
+cdef int64_t LONG_GROUP_BYTES = 8 << 20
 # The row path keeps one block's dweight/dbias partial in cache while it walks
 # the block's rows; beyond this size the team path is used instead.
 cdef int64_t PART_CACHE_BYTES = 256 << 10
@@ -181,7 +185,8 @@ cdef inline bint _streams(const void *out, int64_t M, int64_t N, int x_size) noe
 
 
 cdef inline int _long_group(int T) noexcept nogil:
-    """Rows per group for rows too long for cache, forward and backward team path.
+    """Rows per group for rows too long for a group of CN_LONG_GROUP to fit in
+    LONG_GROUP_BYTES, forward and backward team path.
 
     They come from DRAM twice anyway; bigger groups read the weight/bias (and
     the backward's block partials) once per group. 16 with one thread (rows of
@@ -189,6 +194,20 @@ cdef inline int _long_group(int T) noexcept nogil:
     156-163 -> 135), 4 with more (with two threads 16 lost: bf16 backward
     157 -> 272 ms, fp32 forward 154 -> 192). Grouping never changes a bit."""
     return CN_LONG_GROUP_BIG if T == 1 else CN_LONG_GROUP
+
+
+cdef inline int _fwd_long_group(int64_t row_bytes, int T) noexcept nogil:
+    """Rows per group for the forward's rows over CN_LONG_ROW_BYTES (fwd_rows):
+    as many as fit in LONG_GROUP_BYTES, at most CN_LONG_GROUP_BIG; rows too
+    long for CN_LONG_GROUP of them to fit take _long_group(T). Measured on a
+    Xeon with a 2 MB L2 and a 480 MB L3, 1 thread, (64,128,56,56) C,H,W into
+    out=, groups of 4 -> 16 rows: bf16 7.56 -> 6.34 ms, mixed 7.47 -> 6.23,
+    fp32 15.97 -> 12.51 (each group's reread comes from L3 either way; the
+    weight and bias, as long as a row, are read 4x less often)."""
+    cdef int64_t fit = LONG_GROUP_BYTES // row_bytes
+    if fit < CN_LONG_GROUP:
+        return _long_group(T)
+    return <int>(fit if fit < CN_LONG_GROUP_BIG else CN_LONG_GROUP_BIG)
 
 
 cdef inline int64_t _min(int64_t a, int64_t b) noexcept nogil:
@@ -244,7 +263,7 @@ cdef int _forward_team(const cn_ops *ops, const cn_fwd_args *a, int T) noexcept 
     exactly as fwd_rows does), phase 3 normalizes the chunks."""
     cdef int64_t M = a.M, N = a.N, K = CN_CHUNK
     cdef int64_t nc = (N + K - 1) // K
-    cdef int64_t G = TEAM_GROUP_BYTES // (N * ops.x_size)
+    cdef int64_t G = LONG_GROUP_BYTES // (N * ops.x_size)
     if G < 1:
         G = 1
     G = _min(G, M)
@@ -325,7 +344,7 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t 
     cdef int64_t nc = (N + K - 1) // K
     cdef int64_t nb = (M + B - 1) // B
     cdef size_t part_bytes = N * ops.acc_size
-    cdef int64_t S = TEAM_GROUP_BYTES // (N * 2 * ops.x_size)
+    cdef int64_t S = LONG_GROUP_BYTES // (N * 2 * ops.x_size)
     # rows that do not fit in cache anyway: a few at a time, for partial/weight reuse
     S = _min(S if S > 1 else _long_group(T), B)
     cdef double *sums = <double *>malloc(S * nc * 2 * sizeof(double))
@@ -544,7 +563,7 @@ def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, 
                 if a.b != NULL:
                     _widen(half, a.b, wide + N, N)
                     a.b = wide + N
-        a.long_group = _long_group(T)
+        a.long_group = _fwd_long_group(N * ops.x_size, T)
         if rc == 0:
             rc = _forward(ops, &a, T)
         cn_scratch_put(0, wide)
@@ -708,7 +727,7 @@ def _policy(str name, int64_t value=-1):
 
     For tests and tuning only -- e.g. ("min_elems_per_thread", 1) makes tiny
     inputs take the parallel paths. None of these changes a result bit."""
-    global MIN_ELEMS_PER_THREAD, TEAM_GROUP_BYTES, PART_CACHE_BYTES, STREAM_MIN_BYTES, OVERSUBSCRIBE, PARTS_IN_A_BYTES
+    global MIN_ELEMS_PER_THREAD, LONG_GROUP_BYTES, PART_CACHE_BYTES, STREAM_MIN_BYTES, OVERSUBSCRIBE, PARTS_IN_A_BYTES
     global BWD_A_BY_CHUNK
     cdef int64_t old
     if name == "oversubscribe":
@@ -717,9 +736,9 @@ def _policy(str name, int64_t value=-1):
     elif name == "min_elems_per_thread":
         old = MIN_ELEMS_PER_THREAD
         if value >= 0: MIN_ELEMS_PER_THREAD = max(value, 1)
-    elif name == "team_group_bytes":
-        old = TEAM_GROUP_BYTES
-        if value >= 0: TEAM_GROUP_BYTES = max(value, 1)
+    elif name == "long_group_bytes":
+        old = LONG_GROUP_BYTES
+        if value >= 0: LONG_GROUP_BYTES = max(value, 1)
     elif name == "part_cache_bytes":
         old = PART_CACHE_BYTES
         if value >= 0: PART_CACHE_BYTES = value

@@ -53,21 +53,20 @@ enum {
 #ifndef CN_LONG_ROW_BYTES
 #define CN_LONG_ROW_BYTES (64 << 10)
 #endif
-/* ... taking that many long rows per group (their stats, then their chunks),
- * so that the normalizing pass rereads the group from cache. Rows too long
- * for CN_LONG_GROUP of them to fit in CN_LONG_FIT_BYTES come from DRAM again
- * anyway; one thread then takes them CN_LONG_GROUP_BIG at a time, which reads
- * each weight/bias chunk once per 16 rows instead of once per 4 (measured,
- * rows of 8.4M elements, bf16, 1 thread: 156-163 -> 135 ms). With two threads
- * 16-row groups lost (fp32: 154 -> 192 ms; 2 x 16 concurrent row streams), so
- * the driver sets the group size from the thread count (_long_group in
- * _kernels.pxi, for this forward through cn_fwd_args.long_group and for the
- * backward team path); grouping never changes a bit. */
+/* ... taking a group of long rows at a time (their stats, then their chunks),
+ * so that the normalizing pass rereads the group from cache and each
+ * weight/bias chunk is read once per group instead of once per row. The
+ * driver sets the group size (cn_fwd_args.long_group, _fwd_long_group in
+ * _kernels.pxi): as many rows as fit in its cache budget, up to
+ * CN_LONG_GROUP_BIG; rows too long for CN_LONG_GROUP of them to fit come from
+ * DRAM again anyway and go CN_LONG_GROUP_BIG at a time with one thread (rows
+ * of 8.4M elements, bf16, 1 thread: 156-163 -> 135 ms against 4), but
+ * CN_LONG_GROUP at a time with more (fp32, 2 threads: 154 -> 192 ms with 16;
+ * 2 x 16 concurrent row streams). Grouping never changes a bit. */
 #ifndef CN_LONG_GROUP
 #define CN_LONG_GROUP 4
 #endif
 #define CN_LONG_GROUP_BIG 16
-#define CN_LONG_FIT_BYTES (8 << 20)
 #ifndef CN_APPLY_CHUNK
 #define CN_APPLY_CHUNK 2048
 #endif
@@ -121,7 +120,7 @@ typedef struct {
     int center;          /* 1: LayerNorm, 0: RMSNorm */
     int stream;          /* write y with non-temporal stores (large outputs) */
     int populate;        /* y is fresh: fault in each long-row group's pages first (cn_populate_write) */
-    int long_group;      /* rows per group for rows too long for cache (<= CN_LONG_GROUP_BIG) */
+    int long_group;      /* rows per group of rows over CN_LONG_ROW_BYTES (1..CN_LONG_GROUP_BIG) */
 } cn_fwd_args;
 
 typedef struct {

@@ -821,8 +821,7 @@ static void FN(fwd_rows)(const cn_fwd_args *a, int64_t r0, int64_t r1)
     const PT *W = (const PT *)a->w, *B = (const PT *)a->b;
     cn_row_stats st[CN_LONG_GROUP_BIG > 4 ? CN_LONG_GROUP_BIG : 4];   /* short rows: groups of up to 4 */
     if (row_bytes > CN_LONG_ROW_BYTES) {
-        /* a->long_group (<= CN_LONG_GROUP_BIG) only for rows that do not fit in cache anyway */
-        const int64_t G = row_bytes * CN_LONG_GROUP <= CN_LONG_FIT_BYTES ? CN_LONG_GROUP : a->long_group;
+        const int64_t G = a->long_group;   /* 1..CN_LONG_GROUP_BIG: the driver's _fwd_long_group */
         for (int64_t r = r0; r < r1; r += G) {
             const int64_t nb = r1 - r < G ? r1 - r : G;
             if (a->populate) cn_populate_write((XT *)a->y + r * N, (size_t)(nb * N) * sizeof(XT));
