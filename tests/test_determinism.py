@@ -80,26 +80,27 @@ def test_long_rows_any_grouping(isa_level, pair, norm, rng, force_parallel):
     want = _run(norm, x, dy, w, b, 1)
     k = _isa.kernels
 
-    def same_bits_with(policy, value, threads, label):
-        old = k._policy(policy, value)
+    def same_bits_with(policies, threads, label):
+        olds = {name: k._policy(name, value) for name, value in policies.items()}
         try:
             for T in threads:
                 got = _run(norm, x, dy, w, b, T)
                 for i, (g, e) in enumerate(zip(got, want)):
                     assert np.array_equal(g, e), f"{label}, T={T}: output {i} differs"
         finally:
-            k._policy(policy, old)
+            for name, old in olds.items():
+                k._policy(name, old)
 
     # -1 leaves the default. Rows of 33000 elements (over 64 KB in every dtype:
     # the forward's long-row groups too): 300K fits fewer than 4 fp32/fp64 rows
     # (so _long_group's count) and 4 16-bit ones; 900K 6 fp32 rows; 64M the cap of 16.
     for group_bytes in (-1, 300 << 10, 900 << 10, 64 << 20):
-        same_bits_with("long_group_bytes", group_bytes, (1, 2, 3), f"group bytes {group_bytes}")
-    # more threads add the partials in phase A, chunk by chunk, or in phase C
-    same_bits_with("bwd_a_by_chunk", 0, (2, 3), "partials in phase C")
-    # one thread adds the partials in phase A while they fit in cache, else in
-    # phase C (as more threads do): both give the same bits
-    same_bits_with("parts_in_a_bytes", 0, (1,), "partials in phase C")
+        same_bits_with({"long_group_bytes": group_bytes}, (1, 2, 3), f"group bytes {group_bytes}")
+    # the backward adds the rows into the block partials in phase A by pairs of
+    # rows (one thread), in phase A by column chunk, or in phase C: same bits
+    same_bits_with({"parts_in_a_bytes": 1 << 30}, (1,), "pairs")
+    same_bits_with({"parts_in_a_bytes": 0, "bwd_a_by_chunk": 2}, (1, 2, 3), "column chunks")
+    same_bits_with({"parts_in_a_bytes": 0, "bwd_a_by_chunk": 0}, (1, 2, 3), "phase C")
 
 
 def _guarded(shape, dtype, offset):

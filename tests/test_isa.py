@@ -37,19 +37,34 @@ def test_show_config(capsys):
 
 def test_long_row_group_budget_follows_the_l3():
     """A sixteenth of the L3, never below the 8 MB measured on 32 MB parts nor
-    above 32 MB; unknown (0) gives the floor. Every level's module gets it."""
+    above 32 MB; unknown (0) gives the floor."""
     mb = 1 << 20
     assert _isa.long_group_bytes(0) == 8 * mb
     assert _isa.long_group_bytes(32 * mb) == 8 * mb
     assert _isa.long_group_bytes(256 * mb) == 16 * mb
     assert _isa.long_group_bytes(480 * mb) == 30 * mb
     assert _isa.long_group_bytes(2048 * mb) == 32 * mb
-    assert _isa.l3_cache_bytes() >= 0
-    want = _isa.long_group_bytes(_isa.l3_cache_bytes())
+
+
+def test_cache_policies():
+    """An AMD-CCD-sized L3 (or none known) keeps the defaults measured there; a mesh
+    L3 adds the partials in pairs only while they fit in L2, else by column chunk."""
+    mb = 1 << 20
+    ccd = _isa.cache_policies(1 * mb, 32 * mb)
+    assert ccd == {"long_group_bytes": 8 * mb, "parts_in_a_bytes": 4 * mb, "bwd_a_by_chunk": 1}
+    assert _isa.cache_policies(0, 0) == ccd
+    mesh = _isa.cache_policies(2 * mb, 480 * mb)
+    assert mesh == {"long_group_bytes": 30 * mb, "parts_in_a_bytes": 2 * mb, "bwd_a_by_chunk": 2}
+    assert _isa.cache_policies(0, 105 * mb)["parts_in_a_bytes"] == 1 * mb   # L2 unknown
+
+
+def test_cache_policies_reach_every_level():
+    assert _isa.l2_cache_bytes() >= 0 and _isa.l3_cache_bytes() >= 0
+    want = _isa.cache_policies(_isa.l2_cache_bytes(), _isa.l3_cache_bytes())
     for level in _isa.available_levels():
         with _isa.using(level):
-            assert _isa.kernels._policy("long_group_bytes") == want
-    assert cynorm.show_config()["long_group_bytes"] == want
+            assert {name: _isa.kernels._policy(name) for name in want} == want
+    assert cynorm.show_config()["cache_policies"] == want
 
 
 def test_highest_level_by_default():

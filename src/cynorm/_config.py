@@ -50,8 +50,10 @@ def config():
         "max_threads": int(kernels.max_threads()),
         "hugepage_outputs": bool(_alloc.enabled),
         "recycle_limit_bytes": int(_alloc.recycle_limit()),
+        "l2_cache_bytes": _isa.l2_cache_bytes(),
         "l3_cache_bytes": _isa.l3_cache_bytes(),
-        "long_group_bytes": int(kernels._policy("long_group_bytes")),
+        # what the kernels use now (set from the caches at import; see _isa.cache_policies)
+        "cache_policies": {name: int(kernels._policy(name)) for name in _isa.cache_policies(0, 0)},
         "python": sys.version.split()[0],
         "numpy": np.__version__,
         "ml_dtypes": ml_dtypes.__version__,
@@ -81,8 +83,8 @@ def show_config():
         f"  default threads  : {cfg['max_threads']}   (OMP_NUM_THREADS / threadpoolctl)",
         f"  huge-page outputs: {'yes' if cfg['hugepage_outputs'] else 'no'}   (outputs >= 1 MiB; CYNORM_HUGEPAGES=0 to turn off)",
         f"  recycled outputs : up to {cfg['recycle_limit_bytes'] / 2**20:g} MiB kept   (CYNORM_RECYCLE_MB)",
-        f"  L3 cache         : {cfg['l3_cache_bytes'] / 2**20:g} MiB   (groups of long rows: up to "
-        f"{cfg['long_group_bytes'] / 2**20:g} MiB)",
+        f"  caches           : L2 {cfg['l2_cache_bytes'] / 2**20:g} MiB, L3 {cfg['l3_cache_bytes'] / 2**20:g} MiB"
+        f"   (long-row groups up to {cfg['cache_policies']['long_group_bytes'] / 2**20:g} MiB)",
         f"  python {cfg['python']}, numpy {cfg['numpy']}, ml_dtypes {cfg['ml_dtypes']}",
     ]
     print("\n".join(lines))

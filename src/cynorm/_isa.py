@@ -80,16 +80,15 @@ def _initial_level():
     return available_levels()[-1]
 
 
-def l3_cache_bytes():
-    """The last-level (L3) cache size the OS reports, in bytes; 0 when unknown."""
+def _cache_bytes(sysconf_name, index):
     try:
-        size = os.sysconf("SC_LEVEL3_CACHE_SIZE")   # glibc
+        size = os.sysconf(sysconf_name)   # glibc
         if size > 0:
             return int(size)
     except (ValueError, OSError, AttributeError):
         pass
-    try:   # other Linux C libraries: sysfs (index3 is the L3 on x86 and arm64)
-        with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
+    try:   # other Linux C libraries: sysfs (on x86 and arm64, index2 is the L2, index3 the L3)
+        with open(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size") as f:
             text = f.read().strip().upper()
         scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
         return int(text.rstrip("KMG")) * scale
@@ -97,6 +96,20 @@ def l3_cache_bytes():
         return 0
 
 
+def l3_cache_bytes():
+    """The last-level (L3) cache size the OS reports, in bytes; 0 when unknown."""
+    return _cache_bytes("SC_LEVEL3_CACHE_SIZE", 3)
+
+
+def l2_cache_bytes():
+    """The per-core L2 cache size the OS reports, in bytes; 0 when unknown."""
+    return _cache_bytes("SC_LEVEL2_CACHE_SIZE", 2)
+
+
+#: An L3 this large is a mesh shared by many cores: one core reads it slowly
+#: (Xeon, 480 MB L3: 29 GB/s from 16 MB arrays, 115 from its 2 MB L2), unlike
+#: the 32 MB L3 of an AMD CCD that the defaults were measured on.
+MESH_L3_BYTES = 64 << 20
 #: Group budget for long rows: a sixteenth of the L3, at least the 8 MB measured on
 #: Zen 3/5 (32 MB L3), at most 32 MB (16 rows of 2 MB, the most a group takes).
 GROUP_BYTES_MIN, GROUP_BYTES_MAX = 8 << 20, 32 << 20
@@ -109,11 +122,33 @@ def long_group_bytes(l3_bytes):
     return min(max(l3_bytes // 16, GROUP_BYTES_MIN), GROUP_BYTES_MAX)
 
 
+def cache_policies(l2_bytes, l3_bytes):
+    """The kernels' cache-dependent scheduling for these cache sizes (none changes a bit):
+
+    - ``long_group_bytes``: see long_group_bytes();
+    - ``parts_in_a_bytes``: one thread adds the backward's block partials a pair of
+      rows at a time while they take at most this much (4 MB, measured on Zen 5);
+      on a mesh L3 only while they fit in L2, since each pair rereads them;
+    - ``bwd_a_by_chunk``: 1, column-chunk walks with more threads only; 2 (mesh
+      L3) also with one thread when the pairs do not take the partials.
+
+    Measured on the Xeon (2 MB L2, 480 MB L3), 1 thread, out=: partials of 3.2 MB,
+    (64,401408) bf16, pairs 21.0 ms, chunks 19.3; partials of 0.3-0.8 MB,
+    (512,100000) and (2048,40000) bf16, pairs 34.3 / 47.7, chunks 38.3 / 56.8."""
+    mesh = l3_bytes >= MESH_L3_BYTES
+    return {
+        "long_group_bytes": long_group_bytes(l3_bytes),
+        "parts_in_a_bytes": (l2_bytes or 1 << 20) if mesh else 4 << 20,
+        "bwd_a_by_chunk": 2 if mesh else 1,
+    }
+
+
 def _load_with_policy(name):
     module = _load(name)
     if os.environ.get("CYNORM_OVERSUBSCRIBE", "").strip() not in ("", "0"):
         module._policy("oversubscribe", 1)   # allow num_threads above the core count
-    module._policy("long_group_bytes", long_group_bytes(l3_cache_bytes()))
+    for policy, value in cache_policies(l2_cache_bytes(), l3_cache_bytes()).items():
+        module._policy(policy, value)
     return module
 
 

@@ -157,15 +157,18 @@ cdef int64_t BLOCK_PARTIAL_ELEMS = 8 << 20
 cdef int64_t LONG_PART_BYTES = 256 << 10
 cdef int64_t LONG_MIN_BLOCK_ROWS = 64
 # With one thread, the backward team path adds the rows into the block
-# partials in phase A (see _backward_team) while the partials take at most
-# this many bytes and stay in cache from one pair of rows to the next.
-# Measured: rows of 401408 (3.2 MB of partials) gain; rows of 8.4M (67 MB, from
-# DRAM twice per pair instead of once per four rows) lose, bf16 out= 248-258
-# -> 272 ms. Sizes in between were not measured. Changes no bit.
+# partials in phase A, a pair of rows at a time (see _backward_team), while
+# the partials take at most this many bytes and stay in cache from one pair
+# to the next. Zen 5 (32 MB L3): rows of 401408 (3.2 MB of partials) gain;
+# rows of 8.4M (67 MB, from DRAM twice per pair instead of once per four rows)
+# lose, bf16 out= 248-258 -> 272 ms. cynorm._isa lowers it to the L2's size
+# where the L3 is a large, slow mesh (see cache_policies there). Changes no bit.
 cdef int64_t PARTS_IN_A_BYTES = 4 << 20
-# With more threads, the backward team path's phase A goes by column chunk and
-# adds the rows into the block partials there (see _backward_team). Changes no bit.
-cdef bint BWD_A_BY_CHUNK = True
+# Phase A by column chunk, each thread adding all of a group's rows into the
+# partials of its chunks (see _backward_team): 1 with more threads, 2 also
+# with one thread where the pair walk does not take the partials (set by
+# cynorm._isa for a mesh L3), 0 never. Changes no bit.
+cdef int BWD_A_BY_CHUNK = 1
 
 
 cdef inline bint _streams(const void *out, int64_t M, int64_t N, int x_size) noexcept nogil:
@@ -339,7 +342,11 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t 
     into their partials, which stay in L1 from one pair to the next, and
     phase C only writes dx, one row at a time. (Phase C adding four rows at a
     time into the partials wrote dx with plain stores on AVX2, see
-    CN_MULTIROW_STREAM.)"""
+    CN_MULTIROW_STREAM.) On a mesh L3 (cynorm._isa's cache_policies) one
+    thread goes by column chunk too whenever the pairs do not take the
+    partials: Xeon, 2 MB L2, 480 MB L3, 1 thread, out=, 3 alternating rounds,
+    pairs vs chunks, (64,401408) bf16 21.0 -> 19.3 ms, mixed 21.4 -> 18.4,
+    fp32 35.4 -> 32.8; (64,8388608) bf16, against phase C, 535 -> 437."""
     cdef int64_t M = a.M, N = a.N, K = CN_CHUNK
     cdef int64_t nc = (N + K - 1) // K
     cdef int64_t nb = (M + B - 1) // B
@@ -362,9 +369,9 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t 
     cdef char *dbp
     cdef double acc1, acc2
     cdef bint parts_in_a = T == 1 and k * part_bytes <= PARTS_IN_A_BYTES
-    # more threads: phase A goes by column chunk, each thread adding the whole
+    # otherwise phase A may go by column chunk, each thread adding the whole
     # group's rows into the partials of its chunks (in row order: the same bits)
-    cdef bint a_by_chunk = T > 1 and k > 0 and BWD_A_BY_CHUNK
+    cdef bint a_by_chunk = k > 0 and not parts_in_a and (BWD_A_BY_CHUNK == 2 or (T > 1 and BWD_A_BY_CHUNK == 1))
     with parallel(num_threads=T):
         for blk in range(nb):
             r0 = blk * B
@@ -744,7 +751,7 @@ def _policy(str name, int64_t value=-1):
         if value >= 0: PART_CACHE_BYTES = value
     elif name == "bwd_a_by_chunk":
         old = BWD_A_BY_CHUNK
-        if value >= 0: BWD_A_BY_CHUNK = value != 0
+        if value >= 0: BWD_A_BY_CHUNK = <int>value
     elif name == "parts_in_a_bytes":
         old = PARTS_IN_A_BYTES
         if value >= 0: PARTS_IN_A_BYTES = value
