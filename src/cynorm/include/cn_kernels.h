@@ -204,7 +204,7 @@ typedef struct {
     /* rows of one block, and their chunk-level pieces */
     void (*bwd_rows)(const cn_bwd_args *, int64_t r0, int64_t r1, void *dw_part, void *db_part);
     void (*bwd_chunk)(const cn_bwd_args *, int64_t row, int nrows, int64_t c0, int64_t c1, double *s1, double *s2,
-                      int64_t stride, void *dw_part, void *db_part, int init);
+                      int64_t stride, void *dw_part, void *db_part, int init, int64_t pf_offset, int64_t pf_count);
     void (*bwd_apply)(const cn_bwd_args *, int64_t row, int64_t nrows, int64_t c0, int64_t c1,
                       const double *rowsums, void *dw_part, void *db_part, int64_t first_row_of_block);
     /* partial sums (accumulator dtype) */

@@ -853,10 +853,12 @@ static void FN(fwd_rows)(const cn_fwd_args *a, int64_t r0, int64_t r1)
  * contributions to the block partials, dwp += dy*xhat and dbp += dy, added
  * row after row (the first row writes instead of adding when init).
  * Taking R rows together loads and stores the partials once per R rows; each
- * row's arithmetic is exactly that of R == 1, so R never changes a bit. */
+ * row's arithmetic is exactly that of R == 1, so R never changes a bit.
+ * Meanwhile npf elements at pfo on from each row are prefetched into L2 (the
+ * team path's next piece, see _backward_team). */
 CN_INLINE void FN(bwd_sums_impl)(const XT *dy, const XT *x, const PT *w, int64_t n, int64_t ld, const AT *mean,
                                  const AT *rstd, AT *dwp, AT *dbp, const int R, const int center, const int has_w,
-                                 const int part, const int init, AT *s1, AT *s2)
+                                 const int part, const int init, AT *s1, AT *s2, int64_t pfo, int64_t npf)
 {
     V Mv[4], Rv[4], s1a[4], s1b[4], s2a[4], s2b[4], z = VOP(zero)();
     int64_t j = 0;
@@ -891,7 +893,9 @@ CN_INLINE void FN(bwd_sums_impl)(const XT *dy, const XT *x, const PT *w, int64_t
         }                                                                                        \
     }
 #define CN_ID(v) (v)
+#define CN_SUMS_PF(J) if ((J) < npf) { CN_UNROLL for (i = 0; i < R; i++) { cn_prefetch_l2(x + i * ld + pfo + (J)); cn_prefetch_l2(dy + i * ld + pfo + (J)); } }
     for (; j + 2 * VL <= n; j += 2 * VL) {
+        CN_SUMS_PF(j) CN_SUMS_PF(j + VL)
         CN_BWD_STEP(j, XLD, PLD, ALD, AST, CN_ID, s1a, s2a)
         CN_BWD_STEP(j + VL, XLD, PLD, ALD, AST, CN_ID, s1b, s2b)
     }
@@ -911,6 +915,7 @@ CN_INLINE void FN(bwd_sums_impl)(const XT *dy, const XT *x, const PT *w, int64_t
 #undef CN_KEEP_T
     }
 #undef CN_ID
+#undef CN_SUMS_PF
 #undef CN_BWD_STEP
     CN_UNROLL for (i = 0; i < R; i++) {
         s1[i] = VOP(hsum)(VOP(add)(s1a[i], s1b[i]));
@@ -920,7 +925,7 @@ CN_INLINE void FN(bwd_sums_impl)(const XT *dy, const XT *x, const PT *w, int64_t
 
 /* rows r .. r+R-1, columns c0..c1 (R = 1..4) */
 static void FN(bwd_chunk_rows)(const cn_bwd_args *a, int64_t r, int R, int64_t c0, int64_t c1, void *dwp_,
-                               void *dbp_, int init, AT *s1, AT *s2)
+                               void *dbp_, int init, AT *s1, AT *s2, int64_t pfo, int64_t npf)
 {
     const int64_t N = a->N, n = c1 - c0;
     const XT *dy = (const XT *)a->dy + r * N + c0, *x = (const XT *)a->x + r * N + c0;
@@ -928,7 +933,7 @@ static void FN(bwd_chunk_rows)(const cn_bwd_args *a, int64_t r, int R, int64_t c
     /* partials only with a weight, dbias only for LayerNorm: checked here for both callers */
     AT *dwp = dwp_ && w ? (AT *)dwp_ + c0 : NULL, *dbp = dbp_ && dwp && a->center ? (AT *)dbp_ + c0 : NULL;
     const AT *mean = a->center ? (const AT *)a->mean + r : NULL, *rstd = (const AT *)a->rstd + r;
-#define CN_CALL(RR, C, W, P, I) FN(bwd_sums_impl)(dy, x, w, n, N, mean, rstd, dwp, dbp, RR, C, W, P, I, s1, s2)
+#define CN_CALL(RR, C, W, P, I) FN(bwd_sums_impl)(dy, x, w, n, N, mean, rstd, dwp, dbp, RR, C, W, P, I, s1, s2, pfo, npf)
 #define CN_BY_R(C, W, P, I)                                                                       \
     switch (R) {                                                                                  \
     case 1: CN_CALL(1, C, W, P, I); break;                                                        \
@@ -954,10 +959,10 @@ static void FN(bwd_chunk_rows)(const cn_bwd_args *a, int64_t r, int R, int64_t c
  * i's sums go to s1[i*stride], s2[i*stride]. With dwp, the rows are also
  * added into the block partials (init: row r is the block's first). */
 static void FN(bwd_chunk)(const cn_bwd_args *a, int64_t r, int R, int64_t c0, int64_t c1, double *s1, double *s2,
-                          int64_t stride, void *dwp, void *dbp, int init)
+                          int64_t stride, void *dwp, void *dbp, int init, int64_t pfo, int64_t npf)
 {
     AT t1[4], t2[4];
-    FN(bwd_chunk_rows)(a, r, R, c0, c1, dwp, dbp, init, t1, t2);
+    FN(bwd_chunk_rows)(a, r, R, c0, c1, dwp, dbp, init, t1, t2, pfo, npf);
     for (int i = 0; i < R; i++) {
         s1[i * stride] = (double)t1[i];
         s2[i * stride] = (double)t2[i];
@@ -1423,7 +1428,7 @@ static void FN(bwd_rows)(const cn_bwd_args *a, int64_t r0, int64_t r1, void *dwp
             for (int64_t c0 = 0; c0 < N; c0 += CN_CHUNK) {
                 int64_t c1 = c0 + CN_CHUNK < N ? c0 + CN_CHUNK : N;
                 AT t1[4], t2[4];
-                FN(bwd_chunk_rows)(a, r + sg, nb, c0, c1, late_parts ? NULL : dwp, dbp, r + sg == r0, t1, t2);
+                FN(bwd_chunk_rows)(a, r + sg, nb, c0, c1, late_parts ? NULL : dwp, dbp, r + sg == r0, t1, t2, 0, 0);
                 for (int i = 0; i < nb; i++) { sums[2 * (sg + i)] += (double)t1[i]; sums[2 * (sg + i) + 1] += (double)t2[i]; }
             }
         }

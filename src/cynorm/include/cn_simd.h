@@ -74,10 +74,13 @@
 #endif
 #if defined(CN_AVX512) || defined(CN_AVX2)
 #  define cn_prefetch(p) _mm_prefetch((const char *)(p), CN_PREFETCH_HINT)
+#  define cn_prefetch_l2(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
 #elif defined(__GNUC__)
 #  define cn_prefetch(p) __builtin_prefetch((const void *)(p))
+#  define cn_prefetch_l2(p) __builtin_prefetch((const void *)(p), 0, 2)
 #else
 #  define cn_prefetch(p) ((void)0)
+#  define cn_prefetch_l2(p) ((void)0)
 #endif
 
 typedef uint16_t cn_bf16; /* bfloat16 bit pattern */
