@@ -48,16 +48,21 @@ def test_default_thread_count_is_deterministic_too(rng):
 @pytest.mark.parametrize("pair", PAIRS)
 def test_large_output_paths_change_no_bit(isa_level, pair, norm, rng, force_parallel):
     """Streaming stores, page population and out= vs fresh outputs are memory
-    traffic only: the same bits as the plain path, at 1 and 3 threads."""
+    traffic only: the same bits as the plain path, at 1 and 3 threads. Fresh
+    outputs go both ways: streamed, and plain after population (a mesh L3's
+    policy for all but long rows, fresh_plain_row_bytes)."""
     cases = [(make_inputs(rng, shape, 1, pair), shape) for shape in SHAPES]
     want = {(shape, T): _run(norm, x, dy, w, b, T) for (x, dy, w, b), shape in cases for T in (1, 3)}
     old = _isa.kernels._policy("stream_min_bytes", 0)
+    old_plain = _isa.kernels._policy("fresh_plain_row_bytes")
     try:
         for (x, dy, w, b), shape in cases:
             for T in (1, 3):
-                got = _run(norm, x, dy, w, b, T)
-                for i, (g, e) in enumerate(zip(got, want[(shape, T)])):
-                    assert np.array_equal(g, e), f"{shape} T={T}: output {i} differs when streamed"
+                for fresh_plain in (0, 1 << 40):
+                    _isa.kernels._policy("fresh_plain_row_bytes", fresh_plain)
+                    got = _run(norm, x, dy, w, b, T)
+                    for i, (g, e) in enumerate(zip(got, want[(shape, T)])):
+                        assert np.array_equal(g, e), f"{shape} T={T}: output {i} differs when streamed ({fresh_plain})"
                 # into preallocated (not fresh) outputs
                 out = np.empty_like(x)
                 if norm == "layer":
@@ -67,6 +72,7 @@ def test_large_output_paths_change_no_bit(isa_level, pair, norm, rng, force_para
                 assert y is out and np.array_equal(out.view(np.uint8), want[(shape, T)][0])
     finally:
         _isa.kernels._policy("stream_min_bytes", old)
+        _isa.kernels._policy("fresh_plain_row_bytes", old_plain)
 
 
 @pytest.mark.parametrize("norm", ["layer", "rms"])

@@ -110,6 +110,8 @@ def l2_cache_bytes():
 #: (Xeon, 480 MB L3: 29 GB/s from 16 MB arrays, 115 from its 2 MB L2), unlike
 #: the 32 MB L3 of an AMD CCD that the defaults were measured on.
 MESH_L3_BYTES = 64 << 20
+#: The kernels' CN_LONG_ROW_BYTES: longer rows are normalized a group of rows at a time.
+LONG_ROW_BYTES = 64 << 10
 #: Group budget for long rows: a sixteenth of the L3, at least the 8 MB measured on
 #: Zen 3/5 (32 MB L3), at most 32 MB (16 rows of 2 MB, the most a group takes).
 GROUP_BYTES_MIN, GROUP_BYTES_MAX = 8 << 20, 32 << 20
@@ -130,7 +132,10 @@ def cache_policies(l2_bytes, l3_bytes):
       rows at a time while they take at most this much (4 MB, measured on Zen 5);
       on a mesh L3 only while they fit in L2, since each pair rereads them;
     - ``bwd_a_by_chunk``: 1, column-chunk walks with more threads only; 2 (mesh
-      L3) also with one thread when the pairs do not take the partials.
+      L3) also with one thread when the pairs do not take the partials;
+    - ``fresh_plain_row_bytes``: fresh outputs of rows up to this long are written
+      with plain stores instead of non-temporal ones: 0 (never) but on a mesh L3,
+      where every row but the long ones (the kernels' long_row_bytes()) is.
 
     Measured on the Xeon (2 MB L2, 480 MB L3), 1 thread, out=: partials of 3.2 MB,
     (64,401408) bf16, pairs 21.0 ms, chunks 19.3; partials of 0.3-0.8 MB,
@@ -140,6 +145,7 @@ def cache_policies(l2_bytes, l3_bytes):
         "long_group_bytes": long_group_bytes(l3_bytes),
         "parts_in_a_bytes": (l2_bytes or 1 << 20) if mesh else 4 << 20,
         "bwd_a_by_chunk": 2 if mesh else 1,
+        "fresh_plain_row_bytes": LONG_ROW_BYTES if mesh else 0,
     }
 
 

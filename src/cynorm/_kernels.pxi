@@ -54,6 +54,7 @@ cdef extern from "cn_kernels.h" nogil:
     const int CN_CHUNK
     const int CN_LONG_GROUP
     const int CN_LONG_GROUP_BIG
+    const int64_t CN_LONG_ROW_BYTES
 
     ctypedef struct cn_fwd_args:
         const void *x
@@ -179,6 +180,20 @@ cdef int BWD_A_BY_CHUNK = 1
 # pieces) gained 1-4% on (64,401408) but lost 3% on (512,100000) and
 # (2048,40000) at 2 threads, so it does without. Changes no bit.
 cdef bint PREFETCH_PIECES = True
+# A fresh output of rows of at most this many bytes is written with plain
+# stores, each slab faulted in just before (the stores find the OS's freshly
+# zeroed lines in cache; a non-temporal store has them written back first).
+# 0 (never) as measured on Zen (the forward: fp32 rows of 1024 -4%, of 4096
+# +3%, bf16 rows of 4096 +10%; the backward's own rule is in bwd_rows);
+# cynorm._isa sets CN_LONG_ROW_BYTES for a mesh L3, where the Xeon measured,
+# allocating, 1 thread, 3 alternating rounds, streamed -> plain: (4096,4096)
+# fwd fp32 20.4 -> 12.6 ms, bf16 10.5 -> 5.1, bwd bf16 12.1 -> 8.0;
+# (16384,1024) fwd fp32 19.4 -> 12.5, bf16 10.1 -> 5.3; rows of 56 and 256
+# even; C,H,W rows (long) lost (fwd fp32 29.8 -> 32.9). The backward only
+# from rows of FRESH_PLAIN_BWD_MIN_ROW_BYTES: (64,128,56,256), rows of 1 KB,
+# fp32 125.7 -> 139.4 ms at 1 thread, 65.5 -> 74.4 at 2. Changes no bit.
+cdef int64_t FRESH_PLAIN_ROW_BYTES = 0
+cdef int64_t FRESH_PLAIN_BWD_MIN_ROW_BYTES = 2 << 10
 
 
 cdef inline bint _streams(const void *out, int64_t M, int64_t N, int x_size) noexcept nogil:
@@ -571,6 +586,8 @@ def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, 
     a.center = center
     a.stream = _streams(a.y, M, N, ops.x_size)
     a.populate = a.stream and fresh   # see cn_populate_write
+    if a.populate and N * ops.x_size <= FRESH_PLAIN_ROW_BYTES:
+        a.stream = 0   # (still populated slab by slab)
     cdef int rc = 0
     cdef int T
     with nogil:
@@ -705,6 +722,8 @@ def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, 
     a.center = center
     a.stream = _streams(a.dx, M, N, ops.x_size)
     a.populate = a.stream and fresh
+    if a.populate and FRESH_PLAIN_BWD_MIN_ROW_BYTES <= N * ops.x_size <= FRESH_PLAIN_ROW_BYTES:
+        a.stream = 0   # (still populated before it is written)
     cdef int k = 0
     if dweight is not None:
         k = 2 if dbias is not None else 1
@@ -751,7 +770,7 @@ def _policy(str name, int64_t value=-1):
     For tests and tuning only -- e.g. ("min_elems_per_thread", 1) makes tiny
     inputs take the parallel paths. None of these changes a result bit."""
     global MIN_ELEMS_PER_THREAD, LONG_GROUP_BYTES, PART_CACHE_BYTES, STREAM_MIN_BYTES, OVERSUBSCRIBE, PARTS_IN_A_BYTES
-    global BWD_A_BY_CHUNK, PREFETCH_PIECES
+    global BWD_A_BY_CHUNK, PREFETCH_PIECES, FRESH_PLAIN_ROW_BYTES
     cdef int64_t old
     if name == "oversubscribe":
         old = OVERSUBSCRIBE
@@ -768,6 +787,9 @@ def _policy(str name, int64_t value=-1):
     elif name == "bwd_a_by_chunk":
         old = BWD_A_BY_CHUNK
         if value >= 0: BWD_A_BY_CHUNK = <int>value
+    elif name == "fresh_plain_row_bytes":
+        old = FRESH_PLAIN_ROW_BYTES
+        if value >= 0: FRESH_PLAIN_ROW_BYTES = value
     elif name == "prefetch_pieces":
         old = PREFETCH_PIECES
         if value >= 0: PREFETCH_PIECES = value != 0
@@ -780,6 +802,11 @@ def _policy(str name, int64_t value=-1):
     else:
         raise KeyError(name)
     return old
+
+
+def long_row_bytes():
+    """Rows longer than this many bytes take the long-row paths (CN_LONG_ROW_BYTES)."""
+    return CN_LONG_ROW_BYTES
 
 
 def isa():
