@@ -433,8 +433,7 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int T, int64_t 
                         r = s0 + 2 * i
                         ops.bwd_chunk(a, r, <int>_min(2, s1 - r), c * K, _min(N, c * K + K),
                                       &sums[((r - s0) * nc + c) * 2], &sums[((r - s0) * nc + c) * 2 + 1], nc * 2,
-                                      dwp if parts_in_a else NULL, dbp if parts_in_a else NULL, r == r0,
-                                      0, 0)
+                                      dwp if parts_in_a else NULL, dbp if parts_in_a else NULL, r == r0, 0, 0)
                 for i in prange(s1 - s0, schedule='static'):
                     acc1 = 0.0
                     acc2 = 0.0
