@@ -55,6 +55,7 @@ cdef extern from "cn_kernels.h" nogil:
     const int CN_LONG_GROUP
     const int CN_LONG_GROUP_BIG
     const int64_t CN_LONG_ROW_BYTES
+    int cn_prefetch_into_l2   # software prefetches into L2 only (cn_simd.h)
 
     ctypedef struct cn_fwd_args:
         const void *x
@@ -769,7 +770,7 @@ def _policy(str name, int64_t value=-1):
     For tests and tuning only -- e.g. ("min_elems_per_thread", 1) makes tiny
     inputs take the parallel paths. None of these changes a result bit."""
     global MIN_ELEMS_PER_THREAD, LONG_GROUP_BYTES, PART_CACHE_BYTES, STREAM_MIN_BYTES, OVERSUBSCRIBE, PARTS_IN_A_BYTES
-    global BWD_A_BY_CHUNK, PREFETCH_PIECES, FRESH_PLAIN_ROW_BYTES
+    global BWD_A_BY_CHUNK, PREFETCH_PIECES, FRESH_PLAIN_ROW_BYTES, cn_prefetch_into_l2
     cdef int64_t old
     if name == "oversubscribe":
         old = OVERSUBSCRIBE
@@ -795,6 +796,9 @@ def _policy(str name, int64_t value=-1):
     elif name == "parts_in_a_bytes":
         old = PARTS_IN_A_BYTES
         if value >= 0: PARTS_IN_A_BYTES = value
+    elif name == "prefetch_into_l2":
+        old = cn_prefetch_into_l2
+        if value >= 0: cn_prefetch_into_l2 = value != 0
     elif name == "stream_min_bytes":
         old = STREAM_MIN_BYTES
         if value >= 0: STREAM_MIN_BYTES = value

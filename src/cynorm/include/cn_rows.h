@@ -270,10 +270,11 @@ CN_INLINE void FN(split_mean)(double pivot, double delta, AT *hi, AT *lo)
 }
 
 /* y = ((x - mean_hi) * rstd + lr) * w + b, lr = -mean_lo * rstd  (one fma; RMSNorm: y = x * rstd * w).
- * stream: write the aligned middle with non-temporal stores. */
+ * stream: write the aligned middle with non-temporal stores. Meanwhile npf
+ * elements from pf are prefetched, into L2 only when pf_l2 (cn_simd.h). */
 CN_INLINE void FN(apply_impl)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, AT mean_hi, AT lr,
                               AT rstd, const int center, const int has_w, const int has_b, const int stream,
-                              const XT *pf, int64_t npf)
+                              const XT *pf, int64_t npf, int pf_l2)
 {
     V MH = VOP(set1)(mean_hi), R = VOP(set1)(rstd), LR = VOP(set1)(lr);
     int64_t j = 0, head = stream ? FN(stream_peel)(y, n) : 0;
@@ -306,16 +307,16 @@ CN_INLINE void FN(apply_impl)(const XT *x, XT *y, const PT *w, const PT *b, int6
     j = head;
     if (stream) {
         for (; j + 2 * VL <= n; j += 2 * VL) {
-            if (j < npf) { cn_prefetch(pf + j); cn_prefetch(pf + j + VL); }
+            if (j < npf) { cn_prefetch_to(pf + j, pf_l2); cn_prefetch_to(pf + j + VL, pf_l2); }
             CN_APPLY2(j, XSTREAM2)
         }
-        if (j + VL <= n) { if (j < npf) cn_prefetch(pf + j); CN_APPLY(j, VL, CN_LDX_FULL, CN_LDP_FULL, CN_ST_STREAM) j += VL; }
+        if (j + VL <= n) { if (j < npf) cn_prefetch_to(pf + j, pf_l2); CN_APPLY(j, VL, CN_LDX_FULL, CN_LDP_FULL, CN_ST_STREAM) j += VL; }
     } else {
         for (; j + 2 * VL <= n; j += 2 * VL) {
-            if (j < npf) { cn_prefetch(pf + j); cn_prefetch(pf + j + VL); }
+            if (j < npf) { cn_prefetch_to(pf + j, pf_l2); cn_prefetch_to(pf + j + VL, pf_l2); }
             CN_APPLY2(j, XST2)
         }
-        if (j + VL <= n) { if (j < npf) cn_prefetch(pf + j); CN_APPLY(j, VL, CN_LDX_FULL, CN_LDP_FULL, CN_ST_FULL) j += VL; }
+        if (j + VL <= n) { if (j < npf) cn_prefetch_to(pf + j, pf_l2); CN_APPLY(j, VL, CN_LDX_FULL, CN_LDP_FULL, CN_ST_FULL) j += VL; }
     }
     if (j < n) CN_APPLY(j, n - j, CN_LDX_PART, CN_LDP_PART, CN_ST_PART)
 #undef CN_NORM
@@ -332,12 +333,12 @@ CN_INLINE void FN(apply_impl)(const XT *x, XT *y, const PT *w, const PT *b, int6
 
 /* apply_impl for a mean already split into hi and lr = -lo * rstd (split_mean) */
 static void FN(apply_lr)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, AT hi, AT lr, AT rstd,
-                            int center, int stream, const XT *pf, int64_t npf)
+                            int center, int stream, const XT *pf, int64_t npf, int pf_l2)
 {
     /* one specialised loop per (center, weight?, bias?, stream?): no branches in the hot loop */
 #define CN_A(C, W, B) \
-    (stream ? FN(apply_impl)(x, y, w, b, n, hi, lr, rstd, C, W, B, 1, pf, npf) \
-            : FN(apply_impl)(x, y, w, b, n, hi, lr, rstd, C, W, B, 0, pf, npf))
+    (stream ? FN(apply_impl)(x, y, w, b, n, hi, lr, rstd, C, W, B, 1, pf, npf, pf_l2) \
+            : FN(apply_impl)(x, y, w, b, n, hi, lr, rstd, C, W, B, 0, pf, npf, pf_l2))
     if (center) {
         if (w && b) CN_A(1, 1, 1);
         else if (w) CN_A(1, 1, 0);
@@ -351,11 +352,11 @@ static void FN(apply_lr)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n
 }
 
 static void FN(apply)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, AT pivot, double delta, AT rstd,
-                      int center, int stream, const XT *pf, int64_t npf)
+                      int center, int stream, const XT *pf, int64_t npf, int pf_l2)
 {
     AT hi, lo;
     FN(split_mean)((double)pivot, delta, &hi, &lo);
-    FN(apply_lr)(x, y, w, b, n, hi, -lo * rstd, rstd, center, stream, pf, npf);
+    FN(apply_lr)(x, y, w, b, n, hi, -lo * rstd, rstd, center, stream, pf, npf, pf_l2);
 }
 
 /* ------------------------- forward: rows beyond the accumulator's range -- */
@@ -486,7 +487,7 @@ static void FN(fwd_apply)(const cn_fwd_args *a, int64_t r, int64_t nrows, int64_
         int64_t pf = i + 1 < nrows ? N : n - (nrows - 1) * N;  /* next row here, or back to the first, further on */
         if (!st[i].ok) continue;
         FN(apply)(x, (XT *)a->y + (r + i) * N + c0, w, b, n, (AT)st[i].pivot, st[i].delta, (AT)st[i].rstd,
-                  a->center, a->stream, x + pf, c1 < N || i + 1 < nrows ? n : 0);
+                  a->center, a->stream, x + pf, c1 < N || i + 1 < nrows ? n : 0, 0);
     }
 }
 
@@ -759,7 +760,7 @@ CN_INLINE void FN(fwd_med_block)(const cn_fwd_args *a, int64_t r0, const int64_t
         /* prefetch the same row of the next block */
         int64_t npf = r0 + i + nrows < a->M ? N : 0;
         FN(apply_lr)(x, Y + i * N, (const PT *)a->w, (const PT *)a->b, N, mh[i], lr[i], rs[i], center,
-                     a->stream, x + nrows * N, npf);
+                     a->stream, x + nrows * N, npf, cn_prefetch_into_l2);
     }
 }
 
@@ -839,7 +840,7 @@ static void FN(fwd_rows)(const cn_fwd_args *a, int64_t r0, int64_t r1)
                 int64_t npf = r + i + RB < a->M ? (N < CN_PREFETCH_MAX ? N : CN_PREFETCH_MAX) : 0;
                 if (!st[i].ok) continue;
                 FN(apply)(x, (XT *)a->y + (r + i) * N, W, B, N, (AT)st[i].pivot, st[i].delta,
-                          (AT)st[i].rstd, a->center, a->stream, x + RB * N, npf);
+                          (AT)st[i].rstd, a->center, a->stream, x + RB * N, npf, cn_prefetch_into_l2);
             }
         }
     }
@@ -977,7 +978,7 @@ static void FN(bwd_chunk)(const cn_bwd_args *a, int64_t r, int R, int64_t c0, in
  * in bwd_sums_impl, so the partials come out bit-identical. */
 CN_INLINE void FN(bwd_dx_impl)(const XT *dy, const XT *x, const PT *w, XT *dx, int64_t n, AT mean, AT rstd, AT c1,
                                AT c2, const int center, const int has_w, const int stream, int64_t pf, int64_t npf,
-                               AT *dwp, AT *dbp, const int acc, const int has_db)
+                               int pf_l2, AT *dwp, AT *dbp, const int acc, const int has_db)
 {
     V Mv = VOP(set1)(mean), R = VOP(set1)(rstd), C1 = VOP(set1)(c1), C2 = VOP(set1)(c2);
     int64_t j = 0, head = stream ? FN(stream_peel)(dx, n) : 0;
@@ -1015,7 +1016,7 @@ CN_INLINE void FN(bwd_dx_impl)(const XT *dy, const XT *x, const PT *w, XT *dx, i
 #define CN_ST_PART(p, v, t) XSTN_ROW(p, v, t, stream)
     if (head) CN_DX(0, head, CN_LDX_PART, CN_LDP_PART, CN_LDA_PART, CN_STA_PART, CN_ST_PART)
     j = head;
-#define CN_DX_PF(J) if ((J) < npf) { cn_prefetch(x + pf + (J)); cn_prefetch(dy + pf + (J)); }
+#define CN_DX_PF(J) if ((J) < npf) { cn_prefetch_to(x + pf + (J), pf_l2); cn_prefetch_to(dy + pf + (J), pf_l2); }
     if (stream) {
         for (; j + 2 * VL <= n; j += 2 * VL) {
             CN_DX_PF(j) CN_DX_PF(j + VL)
@@ -1049,7 +1050,7 @@ CN_INLINE void FN(bwd_dx_impl)(const XT *dy, const XT *x, const PT *w, XT *dx, i
 
 /* dx of row r, columns c0..c1; with dwp (team path) also the partials (acc 1: write, 2: add) */
 CN_INLINE void FN(bwd_dx_range)(const cn_bwd_args *a, int64_t r, int64_t c0, int64_t c1, double s1, double s2,
-                                int64_t pf, int64_t npf, AT *dwp, AT *dbp, int acc)
+                                int64_t pf, int64_t npf, int pf_l2, AT *dwp, AT *dbp, int acc)
 {
     const int64_t N = a->N, n = c1 - c0;
     const XT *dy = (const XT *)a->dy + r * N + c0, *x = (const XT *)a->x + r * N + c0;
@@ -1059,8 +1060,8 @@ CN_INLINE void FN(bwd_dx_range)(const cn_bwd_args *a, int64_t r, int64_t c0, int
     AT k1 = (AT)(s1 / (double)N), k2 = (AT)(s2 / (double)N);
     if (dwp) { dwp += c0; if (dbp) dbp += c0; }
 #define CN_B(C, W, ACC, DB) \
-    (a->stream ? FN(bwd_dx_impl)(dy, x, w, dx, n, mean, rstd, k1, k2, C, W, 1, pf, npf, dwp, dbp, ACC, DB) \
-               : FN(bwd_dx_impl)(dy, x, w, dx, n, mean, rstd, k1, k2, C, W, 0, pf, npf, dwp, dbp, ACC, DB))
+    (a->stream ? FN(bwd_dx_impl)(dy, x, w, dx, n, mean, rstd, k1, k2, C, W, 1, pf, npf, pf_l2, dwp, dbp, ACC, DB) \
+               : FN(bwd_dx_impl)(dy, x, w, dx, n, mean, rstd, k1, k2, C, W, 0, pf, npf, pf_l2, dwp, dbp, ACC, DB))
     if (!dwp || !w) {
         if (a->center) { if (w) CN_B(1, 1, 0, 0); else CN_B(1, 0, 0, 0); }
         else { if (w) CN_B(0, 1, 0, 0); else CN_B(0, 0, 0, 0); }
@@ -1077,7 +1078,7 @@ static void FN(bwd_row_dx)(const cn_bwd_args *a, int64_t r, int64_t pf_rows, dou
 {
     const int64_t N = a->N;
     int64_t npf = r + pf_rows < a->M ? (N < CN_PREFETCH_MAX ? N : CN_PREFETCH_MAX) : 0;
-    FN(bwd_dx_range)(a, r, 0, N, s1, s2, pf_rows * N, npf, NULL, NULL, 0);
+    FN(bwd_dx_range)(a, r, 0, N, s1, s2, pf_rows * N, npf, cn_prefetch_into_l2, NULL, NULL, 0);
 }
 
 /* dx of R rows (1..4) from r, columns c0..c1, adding each row in turn into
@@ -1248,7 +1249,7 @@ static void FN(bwd_apply)(const cn_bwd_args *a, int64_t r, int64_t nrows, int64_
     for (int64_t i = 0; i < nrows; i++) {
         /* next row, same columns; after the last row, the first row's next columns */
         int64_t pf = i + 1 < nrows ? N : n - (nrows - 1) * N;
-        FN(bwd_dx_range)(a, r + i, c0, c1, rowsums[2 * i], rowsums[2 * i + 1], pf, n, dw, db,
+        FN(bwd_dx_range)(a, r + i, c0, c1, rowsums[2 * i], rowsums[2 * i + 1], pf, n, 0, dw, db,
                          r + i == first ? 1 : 2);
     }
 }

@@ -69,19 +69,22 @@
 #endif
 
 /* Software prefetch into L1 (never faults, so it may point past the end). */
-#ifndef CN_PREFETCH_HINT
-#  define CN_PREFETCH_HINT _MM_HINT_T0
-#endif
 #if defined(CN_AVX512) || defined(CN_AVX2)
-#  define cn_prefetch(p) _mm_prefetch((const char *)(p), CN_PREFETCH_HINT)
+#  define cn_prefetch(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 #  define cn_prefetch_l2(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
 #elif defined(__GNUC__)
-#  define cn_prefetch(p) __builtin_prefetch((const void *)(p))
+#  define cn_prefetch(p) __builtin_prefetch((const void *)(p), 0, 3)
 #  define cn_prefetch_l2(p) __builtin_prefetch((const void *)(p), 0, 2)
 #else
 #  define cn_prefetch(p) ((void)0)
 #  define cn_prefetch_l2(p) ((void)0)
 #endif
+/* A row path's prefetch of the next rows, issued while it finishes this one
+ * from cache: into L1, or into L2 only where cn_prefetch_into_l2 is set
+ * (cynorm._isa sets it for a mesh L3, see cache_policies there). The row
+ * paths pass it as their pf_l2 argument; the long-row walks keep L1. */
+static int cn_prefetch_into_l2 = 0;
+#define cn_prefetch_to(p, l2) ((l2) ? cn_prefetch_l2(p) : cn_prefetch(p))
 
 typedef uint16_t cn_bf16; /* bfloat16 bit pattern */
 typedef uint16_t cn_f16;  /* IEEE binary16 bit pattern */
