@@ -78,8 +78,8 @@ def test_large_output_paths_change_no_bit(isa_level, pair, norm, rng, force_para
 @pytest.mark.parametrize("norm", ["layer", "rms"])
 @pytest.mark.parametrize("pair", PAIRS)
 def test_row_paths_prefetch_either_way(isa_level, pair, norm, rng, force_parallel):
-    """The row paths take the prefetch level as an argument (prefetch_into_l2:
-    L2 on a mesh L3, else L1). Both settings, at 1 and 3 threads: the same bits
+    """The forward's row paths take the prefetch level as an argument
+    (prefetch_into_l2: L2 on a mesh L3, else L1). Both settings, at 1 and 3 threads: the same bits
     (a prefetch is never visible; this checks the arguments around it)."""
     old = _isa.kernels._policy("prefetch_into_l2")
     try:

@@ -136,16 +136,18 @@ def cache_policies(l2_bytes, l3_bytes):
     - ``fresh_plain_row_bytes``: fresh outputs of rows up to this long are written
       with plain stores instead of non-temporal ones: 0 (never) but on a mesh L3,
       where every row but the long ones (the kernels' long_row_bytes()) is;
-    - ``prefetch_into_l2``: 1 (mesh L3) has the row paths prefetch the next rows
-      into L2 instead of L1 while they finish a row from cache (cn_simd.h).
+    - ``prefetch_into_l2``: 1 (mesh L3) has the forward's row paths prefetch the
+      next rows into L2 instead of L1 while they normalize a row (cn_simd.h).
 
     Measured on the Xeon (2 MB L2, 480 MB L3), 1 thread, out=: partials of 3.2 MB,
     (64,401408) bf16, pairs 21.0 ms, chunks 19.3; partials of 0.3-0.8 MB,
     (512,100000) and (2048,40000) bf16, pairs 34.3 / 47.7, chunks 38.3 / 56.8.
-    Next rows into L2, against L1, medians of 3 alternating rounds, out=: (4096,4096)
-    fwd bf16 0.95, mixed 0.95, fp32 0.98, bwd 0.96-0.97; (16384,1024) fwd bf16 0.95,
-    bwd fp32 0.95; the same at 2 threads (0.95-1.00) and allocating (0.94-1.02). The
-    long-row walks lost with it (C,H,W bf16 forward 1.05-1.12), so they keep L1."""
+    Next rows into L2, forward, time against L1, medians of alternating rounds:
+    out=, 1 thread, (4096,4096) bf16 0.95, mixed 0.95, fp32 0.98, (16384,1024) bf16
+    0.95; 2 threads 0.95-0.99; allocating (recycled outputs), (4096,4096) fp32
+    0.85-0.94, bf16 0.94-0.96, (16384,1024) 0.98-1.01. The long-row walk lost with it
+    (C,H,W bf16 1.05-1.12), and so did the backward's row path now and then
+    ((4096,4096) fp32, allocating, 11.4 ms against 14-15 in some runs): both keep L1."""
     mesh = l3_bytes >= MESH_L3_BYTES
     return {
         "long_group_bytes": long_group_bytes(l3_bytes),

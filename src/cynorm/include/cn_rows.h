@@ -978,7 +978,7 @@ static void FN(bwd_chunk)(const cn_bwd_args *a, int64_t r, int R, int64_t c0, in
  * in bwd_sums_impl, so the partials come out bit-identical. */
 CN_INLINE void FN(bwd_dx_impl)(const XT *dy, const XT *x, const PT *w, XT *dx, int64_t n, AT mean, AT rstd, AT c1,
                                AT c2, const int center, const int has_w, const int stream, int64_t pf, int64_t npf,
-                               int pf_l2, AT *dwp, AT *dbp, const int acc, const int has_db)
+                               AT *dwp, AT *dbp, const int acc, const int has_db)
 {
     V Mv = VOP(set1)(mean), R = VOP(set1)(rstd), C1 = VOP(set1)(c1), C2 = VOP(set1)(c2);
     int64_t j = 0, head = stream ? FN(stream_peel)(dx, n) : 0;
@@ -1016,7 +1016,7 @@ CN_INLINE void FN(bwd_dx_impl)(const XT *dy, const XT *x, const PT *w, XT *dx, i
 #define CN_ST_PART(p, v, t) XSTN_ROW(p, v, t, stream)
     if (head) CN_DX(0, head, CN_LDX_PART, CN_LDP_PART, CN_LDA_PART, CN_STA_PART, CN_ST_PART)
     j = head;
-#define CN_DX_PF(J) if ((J) < npf) { cn_prefetch_to(x + pf + (J), pf_l2); cn_prefetch_to(dy + pf + (J), pf_l2); }
+#define CN_DX_PF(J) if ((J) < npf) { cn_prefetch(x + pf + (J)); cn_prefetch(dy + pf + (J)); }
     if (stream) {
         for (; j + 2 * VL <= n; j += 2 * VL) {
             CN_DX_PF(j) CN_DX_PF(j + VL)
@@ -1050,7 +1050,7 @@ CN_INLINE void FN(bwd_dx_impl)(const XT *dy, const XT *x, const PT *w, XT *dx, i
 
 /* dx of row r, columns c0..c1; with dwp (team path) also the partials (acc 1: write, 2: add) */
 CN_INLINE void FN(bwd_dx_range)(const cn_bwd_args *a, int64_t r, int64_t c0, int64_t c1, double s1, double s2,
-                                int64_t pf, int64_t npf, int pf_l2, AT *dwp, AT *dbp, int acc)
+                                int64_t pf, int64_t npf, AT *dwp, AT *dbp, int acc)
 {
     const int64_t N = a->N, n = c1 - c0;
     const XT *dy = (const XT *)a->dy + r * N + c0, *x = (const XT *)a->x + r * N + c0;
@@ -1060,8 +1060,8 @@ CN_INLINE void FN(bwd_dx_range)(const cn_bwd_args *a, int64_t r, int64_t c0, int
     AT k1 = (AT)(s1 / (double)N), k2 = (AT)(s2 / (double)N);
     if (dwp) { dwp += c0; if (dbp) dbp += c0; }
 #define CN_B(C, W, ACC, DB) \
-    (a->stream ? FN(bwd_dx_impl)(dy, x, w, dx, n, mean, rstd, k1, k2, C, W, 1, pf, npf, pf_l2, dwp, dbp, ACC, DB) \
-               : FN(bwd_dx_impl)(dy, x, w, dx, n, mean, rstd, k1, k2, C, W, 0, pf, npf, pf_l2, dwp, dbp, ACC, DB))
+    (a->stream ? FN(bwd_dx_impl)(dy, x, w, dx, n, mean, rstd, k1, k2, C, W, 1, pf, npf, dwp, dbp, ACC, DB) \
+               : FN(bwd_dx_impl)(dy, x, w, dx, n, mean, rstd, k1, k2, C, W, 0, pf, npf, dwp, dbp, ACC, DB))
     if (!dwp || !w) {
         if (a->center) { if (w) CN_B(1, 1, 0, 0); else CN_B(1, 0, 0, 0); }
         else { if (w) CN_B(0, 1, 0, 0); else CN_B(0, 0, 0, 0); }
@@ -1078,7 +1078,7 @@ static void FN(bwd_row_dx)(const cn_bwd_args *a, int64_t r, int64_t pf_rows, dou
 {
     const int64_t N = a->N;
     int64_t npf = r + pf_rows < a->M ? (N < CN_PREFETCH_MAX ? N : CN_PREFETCH_MAX) : 0;
-    FN(bwd_dx_range)(a, r, 0, N, s1, s2, pf_rows * N, npf, cn_prefetch_into_l2, NULL, NULL, 0);
+    FN(bwd_dx_range)(a, r, 0, N, s1, s2, pf_rows * N, npf, NULL, NULL, 0);
 }
 
 /* dx of R rows (1..4) from r, columns c0..c1, adding each row in turn into
@@ -1249,7 +1249,7 @@ static void FN(bwd_apply)(const cn_bwd_args *a, int64_t r, int64_t nrows, int64_
     for (int64_t i = 0; i < nrows; i++) {
         /* next row, same columns; after the last row, the first row's next columns */
         int64_t pf = i + 1 < nrows ? N : n - (nrows - 1) * N;
-        FN(bwd_dx_range)(a, r + i, c0, c1, rowsums[2 * i], rowsums[2 * i + 1], pf, n, 0, dw, db,
+        FN(bwd_dx_range)(a, r + i, c0, c1, rowsums[2 * i], rowsums[2 * i + 1], pf, n, dw, db,
                          r + i == first ? 1 : 2);
     }
 }
