@@ -55,7 +55,7 @@ cdef extern from "cn_kernels.h" nogil:
     const int CN_LONG_GROUP
     const int CN_LONG_GROUP_BIG
     const int64_t CN_LONG_ROW_BYTES
-    int cn_prefetch_into_l2   # software prefetches into L2 only (cn_simd.h)
+    int cn_prefetch_into_l2   # the forward row paths prefetch the next rows into L2 (cn_simd.h)
 
     ctypedef struct cn_fwd_args:
         const void *x
