@@ -77,27 +77,6 @@ def test_large_output_paths_change_no_bit(isa_level, pair, norm, rng, force_para
 
 @pytest.mark.parametrize("norm", ["layer", "rms"])
 @pytest.mark.parametrize("pair", PAIRS)
-def test_row_paths_prefetch_either_way(isa_level, pair, norm, rng, force_parallel):
-    """The forward's row paths take the prefetch level as an argument
-    (prefetch_into_l2: L2 on a mesh L3, else L1). Both settings, at 1 and 3 threads: the same bits
-    (a prefetch is never visible; this checks the arguments around it)."""
-    old = _isa.kernels._policy("prefetch_into_l2")
-    try:
-        for shape in SHAPES:
-            x, dy, w, b = make_inputs(rng, shape, 1, pair)
-            runs = {}
-            for into_l2 in (0, 1):
-                _isa.kernels._policy("prefetch_into_l2", into_l2)
-                runs[into_l2] = [_run(norm, x, dy, w, b, T) for T in (1, 3)]
-            for T, l1, l2 in zip((1, 3), runs[0], runs[1]):
-                for i, (g, e) in enumerate(zip(l2, l1)):
-                    assert np.array_equal(g, e), f"{shape} T={T}: output {i} depends on the prefetch level"
-    finally:
-        _isa.kernels._policy("prefetch_into_l2", old)
-
-
-@pytest.mark.parametrize("norm", ["layer", "rms"])
-@pytest.mark.parametrize("pair", PAIRS)
 def test_long_rows_any_grouping(isa_level, pair, norm, rng, force_parallel):
     """Rows whose dweight/dbias partials outgrow the cache (blocks of 64 rows,
     two here): the same bits for any thread count and any row-group size of

@@ -49,8 +49,8 @@ def test_long_row_group_budget_follows_the_l3():
 def test_cache_policies():
     """An AMD-CCD-sized L3 (or none known) keeps the defaults measured there; a mesh
     L3 adds the partials in pairs only while they fit in L2, else by column chunk,
-    and writes fresh outputs of all but the long rows with plain stores; its row
-    paths prefetch the next rows into L2."""
+    and writes fresh outputs of all but the long rows with plain stores; its
+    forward row paths prefetch the next rows into L2."""
     mb = 1 << 20
     ccd = _isa.cache_policies(1 * mb, 32 * mb)
     assert ccd == {"long_group_bytes": 8 * mb, "parts_in_a_bytes": 4 * mb, "bwd_a_by_chunk": 1,
