@@ -52,23 +52,27 @@ def test_cache_policies():
     and writes fresh outputs of all but the long rows with plain stores; its
     forward row paths prefetch the next rows into L2."""
     mb = 1 << 20
-    ccd = _isa.cache_policies(1 * mb, 32 * mb)
+    row = 64 << 10
+    ccd = _isa.cache_policies(1 * mb, 32 * mb, row)
     assert ccd == {"long_group_bytes": 8 * mb, "parts_in_a_bytes": 4 * mb, "bwd_a_by_chunk": 1,
                    "fresh_plain_row_bytes": 0, "prefetch_into_l2": 0}
-    assert _isa.cache_policies(0, 0) == ccd
-    mesh = _isa.cache_policies(2 * mb, 480 * mb)
+    assert _isa.cache_policies(0, 0, row) == ccd
+    mesh = _isa.cache_policies(2 * mb, 480 * mb, row)
     assert mesh == {"long_group_bytes": 30 * mb, "parts_in_a_bytes": 2 * mb, "bwd_a_by_chunk": 2,
-                    "fresh_plain_row_bytes": _isa.kernels.long_row_bytes(), "prefetch_into_l2": 1}
-    assert _isa.cache_policies(0, 105 * mb)["parts_in_a_bytes"] == 1 * mb   # L2 unknown
+                    "fresh_plain_row_bytes": row, "prefetch_into_l2": 1}
+    # the plain-store bound is the kernels' long-row bound, whatever it is
+    assert _isa.cache_policies(2 * mb, 480 * mb, 12345)["fresh_plain_row_bytes"] == 12345
+    assert _isa.cache_policies(0, 105 * mb, row)["parts_in_a_bytes"] == 1 * mb   # L2 unknown
 
 
 def test_cache_policies_reach_every_level():
     assert _isa.l2_cache_bytes() >= 0 and _isa.l3_cache_bytes() >= 0
-    want = _isa.cache_policies(_isa.l2_cache_bytes(), _isa.l3_cache_bytes())
     for level in _isa.available_levels():
         with _isa.using(level):
+            want = _isa.cache_policies(_isa.l2_cache_bytes(), _isa.l3_cache_bytes(),
+                                       _isa.kernels.long_row_bytes())
             assert {name: _isa.kernels._policy(name) for name in want} == want
-    assert cynorm.show_config()["cache_policies"] == want
+            assert cynorm.show_config()["cache_policies"] == want
 
 
 def test_highest_level_by_default():

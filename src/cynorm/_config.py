@@ -53,7 +53,7 @@ def config():
         "l2_cache_bytes": _isa.l2_cache_bytes(),
         "l3_cache_bytes": _isa.l3_cache_bytes(),
         # what the kernels use now (set from the caches at import; see _isa.cache_policies)
-        "cache_policies": {name: int(kernels._policy(name)) for name in _isa.cache_policies(0, 0)},
+        "cache_policies": {name: int(kernels._policy(name)) for name in _isa.cache_policies(0, 0, 0)},
         "python": sys.version.split()[0],
         "numpy": np.__version__,
         "ml_dtypes": ml_dtypes.__version__,

@@ -110,8 +110,6 @@ def l2_cache_bytes():
 #: (Xeon, 480 MB L3: 29 GB/s from 16 MB arrays, 115 from its 2 MB L2), unlike
 #: the 32 MB L3 of an AMD CCD that the defaults were measured on.
 MESH_L3_BYTES = 64 << 20
-#: The kernels' CN_LONG_ROW_BYTES: longer rows are normalized a group of rows at a time.
-LONG_ROW_BYTES = 64 << 10
 #: Group budget for long rows: a sixteenth of the L3, at least the 8 MB measured on
 #: Zen 3/5 (32 MB L3), at most 32 MB (16 rows of 2 MB, the most a group takes).
 GROUP_BYTES_MIN, GROUP_BYTES_MAX = 8 << 20, 32 << 20
@@ -124,8 +122,9 @@ def long_group_bytes(l3_bytes):
     return min(max(l3_bytes // 16, GROUP_BYTES_MIN), GROUP_BYTES_MAX)
 
 
-def cache_policies(l2_bytes, l3_bytes):
-    """The kernels' cache-dependent scheduling for these cache sizes (none changes a bit):
+def cache_policies(l2_bytes, l3_bytes, long_row_bytes):
+    """The kernels' cache-dependent scheduling for these cache sizes (none changes a bit);
+    long_row_bytes is the kernels' own long_row_bytes() (CN_LONG_ROW_BYTES):
 
     - ``long_group_bytes``: see long_group_bytes();
     - ``parts_in_a_bytes``: one thread adds the backward's block partials a pair of
@@ -135,7 +134,7 @@ def cache_policies(l2_bytes, l3_bytes):
       L3) also with one thread when the pairs do not take the partials;
     - ``fresh_plain_row_bytes``: fresh outputs of rows up to this long are written
       with plain stores instead of non-temporal ones: 0 (never) but on a mesh L3,
-      where every row but the long ones (the kernels' long_row_bytes()) is;
+      where every row but the long ones (longer than long_row_bytes) is;
     - ``prefetch_into_l2``: 1 (mesh L3) has the forward's row paths prefetch the
       next rows into L2 instead of L1 while they normalize a row (cn_simd.h).
 
@@ -153,7 +152,7 @@ def cache_policies(l2_bytes, l3_bytes):
         "long_group_bytes": long_group_bytes(l3_bytes),
         "parts_in_a_bytes": (l2_bytes or 1 << 20) if mesh else 4 << 20,
         "bwd_a_by_chunk": 2 if mesh else 1,
-        "fresh_plain_row_bytes": LONG_ROW_BYTES if mesh else 0,
+        "fresh_plain_row_bytes": long_row_bytes if mesh else 0,
         "prefetch_into_l2": 1 if mesh else 0,
     }
 
@@ -162,7 +161,7 @@ def _load_with_policy(name):
     module = _load(name)
     if os.environ.get("CYNORM_OVERSUBSCRIBE", "").strip() not in ("", "0"):
         module._policy("oversubscribe", 1)   # allow num_threads above the core count
-    for policy, value in cache_policies(l2_cache_bytes(), l3_cache_bytes()).items():
+    for policy, value in cache_policies(l2_cache_bytes(), l3_cache_bytes(), module.long_row_bytes()).items():
         module._policy(policy, value)
     return module
 
