@@ -136,7 +136,7 @@ def cache_policies(l2_bytes, l3_bytes, long_row_bytes):
       with plain stores instead of non-temporal ones: 0 (never) but on a mesh L3,
       where every row but the long ones (longer than long_row_bytes) is;
     - ``prefetch_into_l2``: 1 (mesh L3) has the forward's row paths prefetch the
-      next rows into L2 instead of L1 while they normalize a row (cn_simd.h).
+      next rows into L2 instead of L1 while they normalize a row (PREFETCH_INTO_L2 in _kernels.pxi).
 
     Measured on the Xeon (2 MB L2, 480 MB L3), 1 thread, out=: partials of 3.2 MB,
     (64,401408) bf16, pairs 21.0 ms, chunks 19.3; partials of 0.3-0.8 MB,

@@ -55,7 +55,6 @@ cdef extern from "cn_kernels.h" nogil:
     const int CN_LONG_GROUP
     const int CN_LONG_GROUP_BIG
     const int64_t CN_LONG_ROW_BYTES
-    int cn_prefetch_into_l2   # the forward row paths prefetch the next rows into L2 (cn_simd.h)
 
     ctypedef struct cn_fwd_args:
         const void *x
@@ -71,6 +70,7 @@ cdef extern from "cn_kernels.h" nogil:
         int stream
         int populate
         int long_group
+        int prefetch_l2
 
     ctypedef struct cn_bwd_args:
         const void *dy
@@ -194,6 +194,11 @@ cdef bint PREFETCH_PIECES = True
 # from rows of FRESH_PLAIN_BWD_MIN_ROW_BYTES: (64,128,56,256), rows of 1 KB,
 # fp32 125.7 -> 139.4 ms at 1 thread, 65.5 -> 74.4 at 2. Changes no bit.
 cdef int64_t FRESH_PLAIN_ROW_BYTES = 0
+# The forward row paths prefetch the next rows while they normalize this one
+# from cache: into L1, or into L2 where this is set (cynorm._isa, for a mesh
+# L3; measured there in cache_policies). The long-row walk and the backward
+# keep L1. Changes no bit.
+cdef bint PREFETCH_INTO_L2 = False
 cdef int64_t FRESH_PLAIN_BWD_MIN_ROW_BYTES = 2 << 10
 
 
@@ -586,6 +591,7 @@ def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, 
     a.center = center
     a.stream = _streams(a.y, M, N, ops.x_size)
     a.populate = a.stream and fresh   # see cn_populate_write
+    a.prefetch_l2 = PREFETCH_INTO_L2
     if a.populate and N * ops.x_size <= FRESH_PLAIN_ROW_BYTES:
         a.stream = 0   # (still populated slab by slab)
     cdef int rc = 0
@@ -770,7 +776,7 @@ def _policy(str name, int64_t value=-1):
     For tests and tuning only -- e.g. ("min_elems_per_thread", 1) makes tiny
     inputs take the parallel paths. None of these changes a result bit."""
     global MIN_ELEMS_PER_THREAD, LONG_GROUP_BYTES, PART_CACHE_BYTES, STREAM_MIN_BYTES, OVERSUBSCRIBE, PARTS_IN_A_BYTES
-    global BWD_A_BY_CHUNK, PREFETCH_PIECES, FRESH_PLAIN_ROW_BYTES, cn_prefetch_into_l2
+    global BWD_A_BY_CHUNK, PREFETCH_PIECES, FRESH_PLAIN_ROW_BYTES, PREFETCH_INTO_L2
     cdef int64_t old
     if name == "oversubscribe":
         old = OVERSUBSCRIBE
@@ -797,8 +803,8 @@ def _policy(str name, int64_t value=-1):
         old = PARTS_IN_A_BYTES
         if value >= 0: PARTS_IN_A_BYTES = value
     elif name == "prefetch_into_l2":
-        old = cn_prefetch_into_l2
-        if value >= 0: cn_prefetch_into_l2 = value != 0
+        old = PREFETCH_INTO_L2
+        if value >= 0: PREFETCH_INTO_L2 = value != 0
     elif name == "stream_min_bytes":
         old = STREAM_MIN_BYTES
         if value >= 0: STREAM_MIN_BYTES = value

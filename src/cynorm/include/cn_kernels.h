@@ -121,6 +121,7 @@ typedef struct {
     int stream;          /* write y with non-temporal stores (large outputs) */
     int populate;        /* y is fresh: fault in each long-row group's pages first (cn_populate_write) */
     int long_group;      /* rows per group of rows over CN_LONG_ROW_BYTES (1..CN_LONG_GROUP_BIG) */
+    int prefetch_l2;     /* the row paths prefetch the next rows into L2, not L1 (PREFETCH_INTO_L2) */
 } cn_fwd_args;
 
 typedef struct {

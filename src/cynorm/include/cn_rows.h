@@ -271,7 +271,7 @@ CN_INLINE void FN(split_mean)(double pivot, double delta, AT *hi, AT *lo)
 
 /* y = ((x - mean_hi) * rstd + lr) * w + b, lr = -mean_lo * rstd  (one fma; RMSNorm: y = x * rstd * w).
  * stream: write the aligned middle with non-temporal stores. Meanwhile npf
- * elements from pf are prefetched, into L2 only when pf_l2 (cn_simd.h). */
+ * elements from pf are prefetched, into L2 only when pf_l2 (a->prefetch_l2). */
 CN_INLINE void FN(apply_impl)(const XT *x, XT *y, const PT *w, const PT *b, int64_t n, AT mean_hi, AT lr,
                               AT rstd, const int center, const int has_w, const int has_b, const int stream,
                               const XT *pf, int64_t npf, int pf_l2)
@@ -760,7 +760,7 @@ CN_INLINE void FN(fwd_med_block)(const cn_fwd_args *a, int64_t r0, const int64_t
         /* prefetch the same row of the next block */
         int64_t npf = r0 + i + nrows < a->M ? N : 0;
         FN(apply_lr)(x, Y + i * N, (const PT *)a->w, (const PT *)a->b, N, mh[i], lr[i], rs[i], center,
-                     a->stream, x + nrows * N, npf, cn_prefetch_into_l2);
+                     a->stream, x + nrows * N, npf, a->prefetch_l2);
     }
 }
 
@@ -840,7 +840,7 @@ static void FN(fwd_rows)(const cn_fwd_args *a, int64_t r0, int64_t r1)
                 int64_t npf = r + i + RB < a->M ? (N < CN_PREFETCH_MAX ? N : CN_PREFETCH_MAX) : 0;
                 if (!st[i].ok) continue;
                 FN(apply)(x, (XT *)a->y + (r + i) * N, W, B, N, (AT)st[i].pivot, st[i].delta,
-                          (AT)st[i].rstd, a->center, a->stream, x + RB * N, npf, cn_prefetch_into_l2);
+                          (AT)st[i].rstd, a->center, a->stream, x + RB * N, npf, a->prefetch_l2);
             }
         }
     }

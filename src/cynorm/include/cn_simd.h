@@ -79,12 +79,7 @@
 #  define cn_prefetch(p) ((void)0)
 #  define cn_prefetch_l2(p) ((void)0)
 #endif
-/* The forward row paths' prefetch of the next rows, issued while they
- * normalize this one from cache: into L1, or into L2 only where
- * cn_prefetch_into_l2 is set (cynorm._isa sets it for a mesh L3, see
- * cache_policies there). They pass it as apply's pf_l2 argument; the
- * long-row walk and the backward keep L1. */
-static int cn_prefetch_into_l2 = 0;
+/* Into L2 when l2 is set, else into L1. */
 #define cn_prefetch_to(p, l2) ((l2) ? cn_prefetch_l2(p) : cn_prefetch(p))
 
 typedef uint16_t cn_bf16; /* bfloat16 bit pattern */
