@@ -1,20 +1,19 @@
-"""Pick the kernel build (ISA level) that this CPU can run, once, at import.
+"""Pick the kernels' ISA level that this CPU can run, once, at import.
 
-Each level is a separate extension module compiled with its own flags
-(``cynorm._kernels_<level>``). A module compiled with AVX-512 flags may use
-AVX-512 anywhere, even in its init code, so a level is imported only after the
-CPU (and the OS, via XGETBV) are known to support it.
+The orchestration (cynorm._core) is compiled once, at baseline flags. Each
+level's row kernels are separate C units compiled with that level's flags,
+each exporting one table of function pointers; _core calls a level's
+functions only after use_level(), which this module calls once the CPU (and
+the OS, via XGETBV) are known to support the level.
 
 ``CYNORM_ISA=<level>`` forces a level; an unknown level or one this CPU cannot
 run makes ``import cynorm`` fail with a message that lists the choices.
 """
 
 import contextlib
-import importlib
-import importlib.util
 import os
 
-from . import _cpuinfo
+from . import _core, _cpuinfo
 
 #: Levels from lowest to highest.
 LEVELS = ("baseline", "avx2", "avx512", "avx512_bf16")
@@ -43,7 +42,8 @@ def cpu_features():
 
 def compiled_levels():
     """Levels this installation was built with (lowest first)."""
-    return [lvl for lvl in LEVELS if importlib.util.find_spec(f"cynorm._kernels_{lvl}") is not None]
+    built = set(_core.compiled_levels())
+    return [lvl for lvl in LEVELS if lvl in built]
 
 
 def available_levels():
@@ -63,10 +63,8 @@ def _load(level):
                else "this installation was built without it")
         raise ValueError(f"ISA level {level!r} cannot be used: {why}. "
                          f"Levels available here: {', '.join(available)}")
-    module = importlib.import_module(f"cynorm._kernels_{level}")
-    if module.isa() != level:  # a build mix-up, not a user error
-        raise ImportError(f"cynorm._kernels_{level} was compiled for {module.isa()!r}")
-    return module
+    _core.use_level(level)
+    return _core
 
 
 def _initial_level():

@@ -15,58 +15,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "cn_pages.h"
-
-/* Fault in (writable) the pages of dst[0:bytes] now, without changing any
- * byte: MADV_POPULATE_WRITE (Linux 5.14+; elsewhere, or when refused, a no-op).
- * A fresh output's pages are zeroed by the OS on first touch, 2 MB at a time
- * with huge pages, and that zeroing runs through the caches: done in the middle
- * of a row group it evicts the rows about to be reread from cache. Populated
- * before the group's first pass, it cannot. Pages already present cost only a
- * page-table walk. */
-#if defined(__linux__)
-#include <stdint.h>
-#include <sys/mman.h>
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-/* (glibc declares it only under _DEFAULT_SOURCE; a strict -std=c11 unit may not have it) */
-extern int madvise(void *addr, size_t len, int advice);
-static inline void cn_populate_write(void *dst, size_t bytes)
-{
-    uintptr_t a = (uintptr_t)dst & ~(uintptr_t)4095, e = ((uintptr_t)dst + bytes + 4095) & ~(uintptr_t)4095;
-    if (bytes) (void)madvise((void *)a, (size_t)(e - a), MADV_POPULATE_WRITE);
-}
-#else
-static inline void cn_populate_write(void *dst, size_t bytes) { (void)dst; (void)bytes; }
-#endif
-
-/* Thread t's share (of T) of cn_populate_write(dst, bytes), in whole 2 MiB
- * pages: two threads faulting the same huge page would both zero a fresh
- * 2 MiB page, and the kernel would throw one away. The pages that start in
- * the range are dealt out evenly; thread 0 also takes the part before the
- * first of them (already faulted in with the previous group, as a rule).
- * Measured, backward team path, (64,128,56,56) allocating, 2 threads, A/B:
- * bf16 6.58-6.65 -> 5.95-6.04 ms, fp16 6.77 -> 6.03, fp32 12.69-12.81 ->
- * 10.98-13.21; the forward team path, (6,4000000) bf16, 17.0 -> 11.3. */
-#define CN_SHARE_PAGE ((uintptr_t)CN_HUGE_PAGE)
-static inline uintptr_t cn_share_edge(uintptr_t lo, uintptr_t hi, int64_t t, int64_t T)
-{
-    if (t <= 0) return lo;
-    if (t >= T) return hi;
-    uintptr_t first = (lo + CN_SHARE_PAGE - 1) & ~(CN_SHARE_PAGE - 1);
-    if (first >= hi) return hi;
-    uintptr_t pages = (hi - first + CN_SHARE_PAGE - 1) / CN_SHARE_PAGE;
-    uintptr_t e = first + (uintptr_t)(((unsigned long long)pages * (unsigned long long)t) / (unsigned long long)T) * CN_SHARE_PAGE;
-    return e < hi ? e : hi;
-}
-
-static inline void cn_populate_share(void *dst, size_t bytes, int64_t t, int64_t T)
-{
-    uintptr_t lo = (uintptr_t)dst, hi = lo + bytes;
-    uintptr_t a = cn_share_edge(lo, hi, t, T), e = cn_share_edge(lo, hi, t + 1, T);
-    if (e > a) cn_populate_write((void *)a, (size_t)(e - a));
-}
+#include "cn_pages.h"   /* cn_populate_write, cn_populate_share */
 
 #define CN_SCRATCH_SLOTS 3
 #define CN_SCRATCH_KEEP_MAX ((size_t)64 << 20)

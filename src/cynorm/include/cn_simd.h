@@ -27,11 +27,35 @@
 #include <stdint.h>
 #include <string.h>
 
+/* ------------------------------------------------------------------ ISA -- */
+#if !defined(CN_FORCE_GENERIC) && defined(__AVX512F__) && defined(__AVX512BW__) \
+    && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#  define CN_AVX512 1
+#  if defined(__AVX512BF16__)
+#    define CN_HW_BF16 1
+#    define CN_ISA_NAME "avx512_bf16"
+#    define CN_ISA_ID 3
+#  else
+#    define CN_ISA_NAME "avx512"
+#    define CN_ISA_ID 2
+#  endif
+#elif !defined(CN_FORCE_GENERIC) && defined(__AVX2__) && (defined(__FMA__) || defined(_MSC_VER))
+#  define CN_AVX2 1
+#  define CN_ISA_NAME "avx2"
+#  define CN_ISA_ID 1
+#else
+#  define CN_GENERIC 1
+#  define CN_ISA_NAME "baseline"
+#  define CN_ISA_ID 0
+#endif
+
 #if defined(_MSC_VER) && !defined(__clang__)
 #  define CN_INLINE static __forceinline
 #  define CN_UNLIKELY(c) (c)
 #  define CN_UNROLL
-#elif defined(CN_NO_FORCE_INLINE)  /* sanitizer/debug builds: compile in minutes, not hours */
+#elif defined(CN_NO_FORCE_INLINE) || defined(CN_GENERIC)
+/* sanitizer/debug builds, and the portable level: forcing every helper inline
+ * makes a plain-C unit (8 scalar lanes per vector operation) compile for minutes */
 #  define CN_INLINE static inline
 #  define CN_UNLIKELY(c) __builtin_expect(!!(c), 0)
 #  define CN_UNROLL
@@ -44,24 +68,6 @@
 #  else
 #    define CN_UNROLL _Pragma("GCC unroll 16")
 #  endif
-#endif
-
-/* ------------------------------------------------------------------ ISA -- */
-#if !defined(CN_FORCE_GENERIC) && defined(__AVX512F__) && defined(__AVX512BW__) \
-    && defined(__AVX512VL__) && defined(__AVX512DQ__)
-#  define CN_AVX512 1
-#  if defined(__AVX512BF16__)
-#    define CN_HW_BF16 1
-#    define CN_ISA_NAME "avx512_bf16"
-#  else
-#    define CN_ISA_NAME "avx512"
-#  endif
-#elif !defined(CN_FORCE_GENERIC) && defined(__AVX2__) && (defined(__FMA__) || defined(_MSC_VER))
-#  define CN_AVX2 1
-#  define CN_ISA_NAME "avx2"
-#else
-#  define CN_GENERIC 1
-#  define CN_ISA_NAME "baseline"
 #endif
 
 #if defined(CN_AVX512) || defined(CN_AVX2)

@@ -1,15 +1,18 @@
-# Kernel orchestration, compiled once per ISA level (see _kernels_<level>.pyx).
-#
-# The per-row math lives in include/cn_rows.h. This file decides who computes
-# what and in which order: threads, row blocks, column chunks, and the fixed
-# reduction order that makes every output bit-identical for any thread count.
-#
-# Compiler directives (no bounds checks, C division) are set in setup.py.
-#
-# Arrays arrive as C-contiguous ndarrays already checked by cynorm._api; their
-# data pointers are read with the NumPy C API. (Typed memoryviews would cost
-# about 100 ns each to acquire, a large share of a tiny call, and bf16/f16
-# would need a uint16 view first.)
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""Kernel orchestration, compiled once at baseline flags.
+
+The per-row math lives in kernels/ (compiled once per ISA level, each level
+exporting one table of row operations; see include/cn_ops.h). This module
+decides who computes what and in which order: threads, row blocks, column
+chunks, and the fixed reduction order that makes every output bit-identical
+for any thread count. It calls the level that cynorm._isa selected (after the
+CPU check) through that level's table.
+
+Arrays arrive as C-contiguous ndarrays already checked by cynorm._api; their
+data pointers are read with the NumPy C API. (Typed memoryviews would cost
+about 100 ns each to acquire, a large share of a tiny call, and bf16/f16
+would need a uint16 view first.)
+"""
 
 from libc.stdint cimport int64_t, uint16_t, uintptr_t
 from libc.stdlib cimport malloc, free
@@ -49,12 +52,12 @@ cdef extern from "cn_scratch.h" nogil:
     void cn_scratch_put(int slot, void *p)
 
 
-cdef extern from "cn_kernels.h" nogil:
-    const char *CN_ISA_NAME
+cdef extern from "cn_ops.h" nogil:
     const int CN_CHUNK
     const int CN_LONG_GROUP
     const int CN_LONG_GROUP_BIG
     const int64_t CN_LONG_ROW_BYTES
+    const int CN_NUM_KERNELS
 
     ctypedef struct cn_fwd_args:
         const void *x
@@ -113,14 +116,83 @@ cdef extern from "cn_kernels.h" nogil:
         void (*acc_add)(void *, const void *, int64_t, int64_t) noexcept nogil
         void (*acc_to_param)(void *, const void *, int64_t, int64_t) noexcept nogil
 
-    const cn_ops *cn_get_ops(int pair)
-    const int *cn_half_params
-    void cn_bf16_to_f32_array(const uint16_t *src, float *dst, int64_t n)
+    ctypedef struct cn_level_ops:
+        const char *name
+        const cn_ops **kernels
+        void (*f32_to_bf16)(const float *, uint16_t *, int64_t) noexcept nogil
+        void (*f32_to_f16)(const float *, uint16_t *, int64_t) noexcept nogil
+        void (*bf16_to_f32)(const uint16_t *, float *, int64_t) noexcept nogil
+        void (*f16_to_f32)(const uint16_t *, float *, int64_t) noexcept nogil
+        void (*stream_fence)() noexcept nogil
+
     void cn_moments_merge(cn_moments *a, const cn_moments *b)
-    void cn_stream_fence()
-    void cn_f32_to_bf16_array(const float *src, uint16_t *dst, int64_t n)
-    void cn_f32_to_f16_array(const float *src, uint16_t *dst, int64_t n)
-    void cn_f16_to_f32_array(const uint16_t *src, float *dst, int64_t n)
+
+
+# The levels this build holds (the build defines CN_HAVE_LEVEL_<name> for each).
+cdef extern from *:
+    """
+    #include "cn_ops.h"
+    static const cn_level_ops *const cn_built_levels[] = {
+    #ifdef CN_HAVE_LEVEL_baseline
+        &cn_level_baseline,
+    #endif
+    #ifdef CN_HAVE_LEVEL_avx2
+        &cn_level_avx2,
+    #endif
+    #ifdef CN_HAVE_LEVEL_avx512
+        &cn_level_avx512,
+    #endif
+    #ifdef CN_HAVE_LEVEL_avx512_bf16
+        &cn_level_avx512_bf16,
+    #endif
+        NULL
+    };
+    /* kernel table of each pair (CN_PAIR_*), and how the caller stores its params:
+     * 0 as the kernel, 1 bf16, 2 f16 (widened to float32 around the call) */
+    static const int cn_kernel_of_pair[CN_NUM_PAIRS] = {0, 1, 2, 2, 3, 3};
+    static const int cn_half_params[CN_NUM_PAIRS] = {0, 0, 1, 0, 2, 0};
+    """
+    const cn_level_ops *const *cn_built_levels
+    const int *cn_kernel_of_pair
+    const int *cn_half_params
+    const int CN_NUM_PAIRS
+
+
+#: the level in use: set by use_level() (cynorm._isa, after the CPU check)
+cdef const cn_level_ops *LEVEL = NULL
+
+
+cdef inline const cn_ops *cn_get_ops(int pair) noexcept nogil:
+    if pair < 0 or pair >= CN_NUM_PAIRS or LEVEL == NULL:
+        return NULL
+    return LEVEL.kernels[cn_kernel_of_pair[pair]]
+
+
+cdef inline void cn_stream_fence() noexcept nogil:
+    LEVEL.stream_fence()
+
+
+def compiled_levels():
+    """Names of the ISA levels this build holds, lowest first."""
+    names = []
+    cdef int i = 0
+    while cn_built_levels[i] != NULL:
+        names.append(cn_built_levels[i].name.decode())
+        i += 1
+    return names
+
+
+def use_level(str name):
+    """Run every later call with this level's kernels. The caller (cynorm._isa)
+    has checked that this CPU and OS support the level."""
+    global LEVEL
+    cdef int i = 0
+    while cn_built_levels[i] != NULL:
+        if cn_built_levels[i].name.decode() == name:
+            LEVEL = cn_built_levels[i]
+            return
+        i += 1
+    raise ValueError(f"ISA level {name!r} is not in this build (built: {', '.join(compiled_levels())})")
 
 
 # ----------------------------------------------------------------- policy --
@@ -551,17 +623,17 @@ cdef inline object _contig(object arr):
 cdef void _widen(int half, const void *src, float *dst, int64_t n) noexcept nogil:
     """16-bit params -> float32 (exact), so one kernel serves bf16/bf16 and bf16/f32."""
     if half == 1:
-        cn_bf16_to_f32_array(<const uint16_t *>src, dst, n)
+        LEVEL.bf16_to_f32(<const uint16_t *>src, dst, n)
     else:
-        cn_f16_to_f32_array(<const uint16_t *>src, dst, n)
+        LEVEL.f16_to_f32(<const uint16_t *>src, dst, n)
 
 
 cdef void _narrow(int half, const float *src, void *dst, int64_t n) noexcept nogil:
     """float32 sums -> 16-bit params dtype, rounded once (RNE)."""
     if half == 1:
-        cn_f32_to_bf16_array(src, <uint16_t *>dst, n)
+        LEVEL.f32_to_bf16(src, <uint16_t *>dst, n)
     else:
-        cn_f32_to_f16_array(src, <uint16_t *>dst, n)
+        LEVEL.f32_to_f16(src, <uint16_t *>dst, n)
 
 
 def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, object bias,
@@ -819,8 +891,8 @@ def long_row_bytes():
 
 
 def isa():
-    """Name of the ISA level this module was compiled for."""
-    return CN_ISA_NAME.decode()
+    """Name of the ISA level in use (None before use_level)."""
+    return None if LEVEL == NULL else LEVEL.name.decode()
 
 
 def openmp():
@@ -858,14 +930,14 @@ def omp_probe(int64_t n):
 
 def f32_to_bf16(cnp.ndarray src, cnp.ndarray dst):
     """Vector-path conversion, for tests: float32 -> bfloat16 bits (uint16)."""
-    cn_f32_to_bf16_array(<const float *>cnp.PyArray_DATA(src), <uint16_t *>cnp.PyArray_DATA(dst), src.size)
+    LEVEL.f32_to_bf16(<const float *>cnp.PyArray_DATA(src), <uint16_t *>cnp.PyArray_DATA(dst), src.size)
 
 
 def f32_to_f16(cnp.ndarray src, cnp.ndarray dst):
     """Vector-path conversion, for tests: float32 -> float16 bits (uint16)."""
-    cn_f32_to_f16_array(<const float *>cnp.PyArray_DATA(src), <uint16_t *>cnp.PyArray_DATA(dst), src.size)
+    LEVEL.f32_to_f16(<const float *>cnp.PyArray_DATA(src), <uint16_t *>cnp.PyArray_DATA(dst), src.size)
 
 
 def f16_to_f32(cnp.ndarray src, cnp.ndarray dst):
     """Vector-path conversion, for tests: float16 bits (uint16) -> float32."""
-    cn_f16_to_f32_array(<const uint16_t *>cnp.PyArray_DATA(src), <float *>cnp.PyArray_DATA(dst), src.size)
+    LEVEL.f16_to_f32(<const uint16_t *>cnp.PyArray_DATA(src), <float *>cnp.PyArray_DATA(dst), src.size)
