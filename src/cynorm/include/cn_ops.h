@@ -24,13 +24,11 @@
 /* Kernel tables: one per (x storage, param storage). bf16/bf16 and f16/f16
  * calls run the mixed kernels: the caller widens 16-bit params to float32
  * once (exact) and rounds dweight/dbias back once. */
-enum {
-    CN_KERNEL_F32 = 0,      /* float32  x, float32 params */
-    CN_KERNEL_F64 = 1,      /* float64  x, float64 params */
-    CN_KERNEL_BF16 = 2,     /* bfloat16 x, float32 params */
-    CN_KERNEL_F16 = 3,      /* float16  x, float32 params */
-    CN_NUM_KERNELS = 4
-};
+#define CN_KERNEL_F32 0      /* float32  x, float32 params */
+#define CN_KERNEL_F64 1      /* float64  x, float64 params */
+#define CN_KERNEL_BF16 2     /* bfloat16 x, float32 params */
+#define CN_KERNEL_F16 3      /* float16  x, float32 params */
+#define CN_NUM_KERNELS 4
 
 /* Pair codes: (x dtype, param dtype) as the Python layer (_dtypes.py) numbers them. */
 enum {

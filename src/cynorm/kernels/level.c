@@ -14,9 +14,8 @@
 
 #define CN_CAT_(a, b, c) a##b##c
 #define CN_CAT(a, b, c) CN_CAT_(a, b, c)
-#define CN_KERNEL_TABLE(sfx) CN_CAT(cn_ops_, CN_LEVEL, sfx)
-extern const cn_ops CN_KERNEL_TABLE(_f32_f32), CN_KERNEL_TABLE(_f64_f64), CN_KERNEL_TABLE(_bf16_f32),
-    CN_KERNEL_TABLE(_f16_f32);
+#define CN_KERNEL_TABLE(k) CN_CAT(cn_ops_, CN_LEVEL, k)
+extern const cn_ops CN_KERNEL_TABLE(_0), CN_KERNEL_TABLE(_1), CN_KERNEL_TABLE(_2), CN_KERNEL_TABLE(_3);
 
 /* pairs of vectors, then one, then the tail: every store path the kernels use */
 #define CN_CONVERT_ARRAY(NAME, SRC, DST, FROM, TO)                                        \
@@ -39,7 +38,6 @@ static void stream_fence(void) { cn_stream_fence(); }
 
 const cn_level_ops CN_CAT(cn_level_, CN_LEVEL, ) = {
     CN_ISA_NAME,
-    {&CN_KERNEL_TABLE(_f32_f32), &CN_KERNEL_TABLE(_f64_f64), &CN_KERNEL_TABLE(_bf16_f32),
-     &CN_KERNEL_TABLE(_f16_f32)},
+    {&CN_KERNEL_TABLE(_0), &CN_KERNEL_TABLE(_1), &CN_KERNEL_TABLE(_2), &CN_KERNEL_TABLE(_3)},
     f32_to_bf16, f32_to_f16, bf16_to_f32, f16_to_f32, stream_fence,
 };
