@@ -104,63 +104,26 @@ def l2_cache_bytes():
     return _cache_bytes("SC_LEVEL2_CACHE_SIZE", 2)
 
 
-#: An L3 this large is a mesh shared by many cores: one core reads it slowly
-#: (Xeon, 480 MB L3: 29 GB/s from 16 MB arrays, 115 from its 2 MB L2), unlike
-#: the 32 MB L3 of an AMD CCD that the defaults were measured on.
-MESH_L3_BYTES = 64 << 20
-#: Group budget for long rows: a sixteenth of the L3, at least the 8 MB measured on
-#: Zen 3/5 (32 MB L3), at most 32 MB (16 rows of 2 MB, the most a group takes).
-GROUP_BYTES_MIN, GROUP_BYTES_MAX = 8 << 20, 32 << 20
-
-
 def long_group_bytes(l3_bytes):
     """Bytes of rows the kernels take as one group when rows are too long to be
-    read twice from L2 (see LONG_GROUP_BYTES in _kernels.pxi). A larger L3 holds
-    larger groups, which read the weight/bias and block partials fewer times."""
-    return min(max(l3_bytes // 16, GROUP_BYTES_MIN), GROUP_BYTES_MAX)
+    read twice from L2: a sixteenth of the L3, within 8 and 32 MB (the policy's
+    long_group_bytes, include/cn_policy.h)."""
+    return _core.cache_tunables(0, l3_bytes, _core.long_row_bytes())["long_group_bytes"]
 
 
 def cache_policies(l2_bytes, l3_bytes, long_row_bytes):
-    """The kernels' cache-dependent scheduling for these cache sizes (none changes a bit);
-    long_row_bytes is the kernels' own long_row_bytes() (CN_LONG_ROW_BYTES):
-
-    - ``long_group_bytes``: see long_group_bytes();
-    - ``parts_in_a_bytes``: one thread adds the backward's block partials a pair of
-      rows at a time while they take at most this much (4 MB, measured on Zen 5);
-      on a mesh L3 only while they fit in L2, since each pair rereads them;
-    - ``bwd_a_by_chunk``: 1, column-chunk walks with more threads only; 2 (mesh
-      L3) also with one thread when the pairs do not take the partials;
-    - ``fresh_plain_row_bytes``: fresh outputs of rows up to this long are written
-      with plain stores instead of non-temporal ones: 0 (never) but on a mesh L3,
-      where every row but the long ones (longer than long_row_bytes) is;
-    - ``prefetch_into_l2``: 1 (mesh L3) has the forward's row paths prefetch the
-      next rows into L2 instead of L1 while they normalize a row (PREFETCH_INTO_L2 in _kernels.pxi).
-
-    Measured on the Xeon (2 MB L2, 480 MB L3), 1 thread, out=: partials of 3.2 MB,
-    (64,401408) bf16, pairs 21.0 ms, chunks 19.3; partials of 0.3-0.8 MB,
-    (512,100000) and (2048,40000) bf16, pairs 34.3 / 47.7, chunks 38.3 / 56.8.
-    Next rows into L2, forward, time against L1, medians of alternating rounds:
-    out=, 1 thread, (4096,4096) bf16 0.95, mixed 0.95, fp32 0.98, (16384,1024) bf16
-    0.95; 2 threads 0.95-0.99; allocating (recycled outputs), (4096,4096) fp32
-    0.85-0.94, bf16 0.94-0.96, (16384,1024) 0.98-1.01. The long-row walk lost with it
-    (C,H,W bf16 1.05-1.12), and so did the backward's row path now and then
-    ((4096,4096) fp32, allocating, 11.4 ms against 14-15 in some runs): both keep L1."""
-    mesh = l3_bytes >= MESH_L3_BYTES
-    return {
-        "long_group_bytes": long_group_bytes(l3_bytes),
-        "parts_in_a_bytes": (l2_bytes or 1 << 20) if mesh else 4 << 20,
-        "bwd_a_by_chunk": 2 if mesh else 1,
-        "fresh_plain_row_bytes": long_row_bytes if mesh else 0,
-        "prefetch_into_l2": 1 if mesh else 0,
-    }
+    """The tunables the policy derives from these cache sizes (core/policy.c,
+    cn_tunables_for): long_group_bytes, parts_in_a_bytes, bwd_a_by_chunk,
+    fresh_plain_row_bytes (long_row_bytes is the long-row bound to use) and
+    prefetch_into_l2. None changes a bit; benchmarks/POLICY.md has the measurements."""
+    return _core.cache_tunables(l2_bytes, l3_bytes, long_row_bytes)
 
 
 def _load_with_policy(name):
     module = _load(name)
+    module.set_caches(l2_cache_bytes(), l3_cache_bytes())
     if os.environ.get("CYNORM_OVERSUBSCRIBE", "").strip() not in ("", "0"):
         module._policy("oversubscribe", 1)   # allow num_threads above the core count
-    for policy, value in cache_policies(l2_cache_bytes(), l3_cache_bytes(), module.long_row_bytes()).items():
-        module._policy(policy, value)
     return module
 
 

@@ -15,6 +15,8 @@
 #include <stdint.h>
 #include <stddef.h>
 
+#include "cn_policy.h"
+
 #if defined(_MSC_VER) && !defined(__clang__)
 #  define CN_OPS_INLINE static __forceinline
 #else
@@ -40,56 +42,11 @@ enum {
  * is a constant, never derived from the thread count or the cache size. */
 #define CN_CHUNK 2048
 
-/* While a row is finished from cache, up to this many elements of the next row
- * are prefetched (so DRAM keeps streaming during the in-cache passes). */
-#ifndef CN_PREFETCH_MAX
-#define CN_PREFETCH_MAX 8192
-#endif
-/* Whole rows are taken in groups of up to 4 whose data fits in these many
- * bytes (forward: x; backward: x and dy). */
-#ifndef CN_FWD_GROUP_BYTES
-#define CN_FWD_GROUP_BYTES (16 << 10)
-#endif
-/* Forward rows of SMALL_MAX..CN_MED_ROW_BYTES and at most CN_CHUNK elements
- * (longer ones must take chunk moments, as the team path does): blocks of up
- * to 16 rows within CN_MED_BLOCK_BYTES (fwd_med). */
-#ifndef CN_MED_ROW_BYTES
+/* Forward rows of more than SMALL_MAX elements, up to this many bytes and at
+ * most CN_CHUNK elements, take the medium-row kernel (one-pass moments over a
+ * block of rows); longer rows take chunk moments. Which kernel a row takes
+ * changes its arithmetic, so this is part of the reduction order too. */
 #define CN_MED_ROW_BYTES 8192
-#endif
-#ifndef CN_MED_BLOCK_BYTES
-#define CN_MED_BLOCK_BYTES (32 << 10)
-#endif
-/* Rows longer than this are normalized column chunk by column chunk across a
- * group of rows (chunks of CN_APPLY_CHUNK elements); see fwd_rows. */
-#ifndef CN_LONG_ROW_BYTES
-#define CN_LONG_ROW_BYTES (64 << 10)
-#endif
-#ifndef CN_LONG_GROUP
-#define CN_LONG_GROUP 4
-#endif
-#define CN_LONG_GROUP_BIG 16
-#ifndef CN_APPLY_CHUNK
-#define CN_APPLY_CHUNK 2048
-#endif
-/* Fresh outputs of short rows are faulted in slabs of this many bytes ... */
-#ifndef CN_POPULATE_BYTES
-#define CN_POPULATE_BYTES (1 << 20)
-#endif
-/* ... and a fresh dx of 32-bit or wider rows of at least this many bytes is
- * written with plain stores, not non-temporal ones (see bwd_rows). */
-#ifndef CN_FRESH_PLAIN_ROW_BYTES
-#define CN_FRESH_PLAIN_ROW_BYTES (4 << 10)
-#endif
-/* Backward, short rows: x and dy of the rows that take pass 1 before any takes pass 2. */
-#ifndef CN_BWD_SHORT_BYTES
-#define CN_BWD_SHORT_BYTES (16 << 10)
-#endif
-#ifndef CN_BWD_FAR_BYTES
-#define CN_BWD_FAR_BYTES (32 << 10)
-#endif
-#ifndef CN_BWD_GROUP_BYTES
-#define CN_BWD_GROUP_BYTES (256 << 10)
-#endif
 
 typedef struct {
     const void *x;
@@ -99,10 +56,7 @@ typedef struct {
     int64_t M, N;
     double eps;
     int center;          /* 1: LayerNorm, 0: RMSNorm */
-    int stream;          /* write y with non-temporal stores (large outputs) */
-    int populate;        /* y is fresh: fault in each long-row group's pages first (cn_populate_write) */
-    int long_group;      /* rows per group of rows over CN_LONG_ROW_BYTES (1..CN_LONG_GROUP_BIG) */
-    int prefetch_l2;     /* the row paths prefetch the next rows into L2, not L1 (PREFETCH_INTO_L2) */
+    const cn_policy *pol;
 } cn_fwd_args;
 
 typedef struct {
@@ -110,8 +64,7 @@ typedef struct {
     void *dx;
     int64_t M, N;
     int center;
-    int stream;          /* write dx with non-temporal stores (large outputs) */
-    int populate;        /* dx is fresh: fault in each row group's pages first (cn_populate_write) */
+    const cn_policy *pol;
 } cn_bwd_args;
 
 /* Moments of a run of elements relative to the row's pivot P (its first
@@ -139,14 +92,6 @@ CN_OPS_INLINE void cn_moments_merge(cn_moments *a, const cn_moments *b)
     a->n = n;
 }
 
-/* Rows per slab when a fresh output is faulted in just before it is written:
- * whole groups of `group` rows, about CN_POPULATE_BYTES, at least one group. */
-CN_OPS_INLINE int64_t cn_populate_slab_rows(int64_t row_bytes, int64_t group)
-{
-    const int64_t group_bytes = group * row_bytes;
-    return group_bytes >= CN_POPULATE_BYTES ? group : group * (CN_POPULATE_BYTES / group_bytes);
-}
-
 /* The row operations of one (ISA level, kernel dtypes): kernels/ops.c. */
 typedef struct {
     int x_size, p_size, acc_size; /* bytes per element */
@@ -164,9 +109,8 @@ typedef struct {
                       int64_t stride, void *dw_part, void *db_part, int init, int64_t pf_offset, int64_t pf_count);
     void (*bwd_apply)(const cn_bwd_args *, int64_t row, int64_t nrows, int64_t c0, int64_t c1,
                       const double *rowsums, void *dw_part, void *db_part, int64_t first_row_of_block);
-    /* partial sums (accumulator dtype) */
+    /* partial sums (accumulator dtype): dst[c0:c1] += src[c0:c1] */
     void (*acc_add)(void *dst, const void *src, int64_t c0, int64_t c1);
-    void (*acc_to_param)(void *out, const void *src, int64_t c0, int64_t c1);
 } cn_ops;
 
 /* Everything one ISA level exports: kernels/level.c. */
@@ -179,6 +123,7 @@ typedef struct {
     void (*bf16_to_f32)(const uint16_t *src, float *dst, int64_t n);
     void (*f16_to_f32)(const uint16_t *src, float *dst, int64_t n);
     void (*stream_fence)(void);               /* after non-temporal stores */
+    int multirow_stream;                      /* streams several rows at once (AVX-512; see ops.c) */
 } cn_level_ops;
 
 /* The levels this build holds (CN_HAVE_LEVEL_<name> set by the build). Data,

@@ -17,7 +17,7 @@
 
 #include "cn_pages.h"   /* cn_populate_write, cn_populate_share */
 
-#define CN_SCRATCH_SLOTS 3
+#define CN_SCRATCH_SLOTS 4
 #define CN_SCRATCH_KEEP_MAX ((size_t)64 << 20)
 
 #if defined(__unix__) || defined(__APPLE__)

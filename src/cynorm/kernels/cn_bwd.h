@@ -72,7 +72,7 @@ static void bwd_dx_range(const cn_bwd_args *a, int64_t r, int64_t c0, int64_t c1
     const at k1 = (at)(s1 / (double)N), k2 = (at)(s2 / (double)N);
     if (dwp) { dwp += c0; if (dbp) dbp += c0; }
 #define DX(C, W, ACC, DB) \
-    (a->stream ? dx_row(dy, x, w, dx, n, mean, rstd, k1, k2, C, W, 1, pf, npf, dwp, dbp, ACC, DB) \
+    (a->pol->stream ? dx_row(dy, x, w, dx, n, mean, rstd, k1, k2, C, W, 1, pf, npf, dwp, dbp, ACC, DB) \
                : dx_row(dy, x, w, dx, n, mean, rstd, k1, k2, C, W, 0, pf, npf, dwp, dbp, ACC, DB))
     if (!dwp || !w) {
         if (a->center) { if (w) DX(1, 1, 0, 0); else DX(1, 0, 0, 0); }
@@ -98,7 +98,7 @@ static void bwd_dx_rows_acc(const cn_bwd_args *a, int64_t r, int64_t nrows, int6
         if (R == 3) R = 2;   /* (then 1: same bits, the partials pass through memory exactly) */
         const int init = r + i == first;
 #define ROWS(RR, C, DB, ST) dx_rows_impl(a, r + i, RR, c0, c1, rowsums + 2 * i, dw, db, init, C, DB, ST, pfo, npf)
-#define BY_STREAM(RR, C, DB) if (a->stream) ROWS(RR, C, DB, 1); else ROWS(RR, C, DB, 0);
+#define BY_STREAM(RR, C, DB) if (a->pol->stream) ROWS(RR, C, DB, 1); else ROWS(RR, C, DB, 0);
 #define BY_CENTER(RR) if (a->center) { BY_STREAM(RR, 1, 1) } else { BY_STREAM(RR, 0, 0) }
         switch ((int)R) {
         case 1: BY_CENTER(1) break;
@@ -226,53 +226,29 @@ static void bwd_small(const cn_bwd_args *a, int64_t r0, int64_t r1, at *dwp, at 
 /* ----------------------------------------------------------------- rows -- */
 
 /* Rows [r0, r1) of one block; dwp/dbp (N values each, or NULL) receive the
- * block's partial sums of dy*xhat and dy. Rows go RB at a time through pass 1
- * (grad_sums), then each gets its dx pass from cache (see benchmarks/NOTES.md
- * for the measurements behind the groupings). */
+ * block's partial sums of dy*xhat and dy. The policy (cn_policy_for) says how:
+ * short rows in registers; longer rows pass1_rows at a time through pass 1
+ * (grad_sums), group_rows of them before any takes pass 2 from cache. */
 static void bwd_rows(const cn_bwd_args *a, int64_t r0, int64_t r1, void *dwp, void *dbp)
 {
+    const cn_policy *pol = a->pol;
     const int64_t N = a->N;
     if (!a->center) dbp = NULL;
     if (!a->w) dwp = dbp = NULL;
-    if (N <= SMALL_MAX) {
-        /* fresh dx: fault in the block's pages before its rows are read (see cn_populate_write) */
-        if (a->populate) cn_populate_write((xt *)a->dx + r0 * N, (size_t)((r1 - r0) * N) * sizeof(xt));
+    /* fresh dx: the block's pages before its rows are read, or slab by slab */
+    if (pol->populate == CN_POPULATE_AHEAD)
+        cn_populate_write((xt *)a->dx + r0 * N, (size_t)((r1 - r0) * N) * sizeof(xt));
+    if (pol->path == CN_PATH_SMALL) {
         bwd_small(a, r0, r1, (at *)dwp, (at *)dbp);
         return;
     }
-    const int64_t pair_bytes = 2 * N * (int64_t)sizeof(xt);   /* x and dy of one row */
-    const int RB = pair_bytes * 4 <= CN_BWD_GROUP_BYTES ? 4 : pair_bytes * 2 <= CN_BWD_GROUP_BYTES ? 2 : 1;
-    /* short rows: up to 16 rows take pass 1 before any takes pass 2, so that
-     * one row's reduction latency overlaps other rows' work */
-    const int GR = RB < 4 ? RB : pair_bytes * 16 <= CN_BWD_SHORT_BYTES ? 16 : pair_bytes * 8 <= CN_BWD_SHORT_BYTES ? 8 : 4;
-    /* pass 2 prefetches two groups ahead where DRAM takes longer to deliver a
-     * group of 32-bit rows than pass 2 takes to compute it */
-    const int64_t pf_rows = sizeof(xt) >= 4 && pair_bytes * GR >= CN_BWD_FAR_BYTES ? 2 * GR : GR;
-    /* aligned 32-bit rows with partials (AVX-512): pass 1 only sums, and pass 2
-     * adds the rows into the partials from cache, 4 at a time (same bits) */
-    const int late_parts = CN_MULTIROW_STREAM && sizeof(xt) >= 4 && dwp != NULL &&
-                           ((uintptr_t)a->x | (uintptr_t)a->dy | (uintptr_t)a->dx) % STREAM_ALIGN == 0 &&
-                           (N * (int64_t)sizeof(xt)) % STREAM_ALIGN == 0;
-    const int P1 = late_parts ? 1 : RB;
-    /* fresh dx of 32-bit rows of CN_FRESH_PLAIN_ROW_BYTES or more, off the
-     * aligned route: faulted in slab by slab, then written with plain stores,
-     * which find the freshly zeroed lines in cache */
-    const int fresh_plain = a->populate && !late_parts && sizeof(xt) >= 4 &&
-                            N * (int64_t)sizeof(xt) >= CN_FRESH_PLAIN_ROW_BYTES;
-    cn_bwd_args plain;
-    if (fresh_plain) {
-        plain = *a;
-        plain.stream = 0;
-        plain.populate = 0;
-        a = &plain;
-    } else if (a->populate) {
-        cn_populate_write((xt *)a->dx + r0 * N, (size_t)((r1 - r0) * N) * sizeof(xt));
-    }
-    const int64_t slab = cn_populate_slab_rows(N * (int64_t)sizeof(xt), GR);
+    const int GR = (int)pol->group_rows, P1 = (int)pol->pass1_rows, late_parts = pol->late_parts;
     for (int64_t r = r0; r < r1; r += GR) {
         const int ng = r1 - r < GR ? (int)(r1 - r) : GR;
-        if (fresh_plain && (r - r0) % slab == 0)
-            cn_populate_write((xt *)a->dx + r * N, (size_t)((r1 - r < slab ? r1 - r : slab) * N) * sizeof(xt));
+        if (pol->populate == CN_POPULATE_SLABS && (r - r0) % pol->slab_rows == 0) {
+            const int64_t rows = r1 - r < pol->slab_rows ? r1 - r : pol->slab_rows;
+            cn_populate_write((xt *)a->dx + r * N, (size_t)(rows * N) * sizeof(xt));
+        }
         double sums[32];   /* (s1, s2) per row */
         for (int sg = 0; sg < ng; sg += P1) {
             const int nb = ng - sg < P1 ? ng - sg : P1;
@@ -288,12 +264,12 @@ static void bwd_rows(const cn_bwd_args *a, int64_t r0, int64_t r1, void *dwp, vo
             bwd_dx_rows_acc(a, r, ng, 0, N, sums, (at *)dwp, (at *)dbp, r0, 0, 0);
         } else {
             for (int i = 0; i < ng; i++) {
-                const int64_t rr = r + i, npf = rr + pf_rows < a->M ? (N < CN_PREFETCH_MAX ? N : CN_PREFETCH_MAX) : 0;
-                bwd_dx_range(a, rr, 0, N, sums[2 * i], sums[2 * i + 1], pf_rows * N, npf, NULL, NULL, 0);
+                const int64_t rr = r + i, npf = rr + pol->prefetch_rows < a->M ? pol->prefetch_elems : 0;
+                bwd_dx_range(a, rr, 0, N, sums[2 * i], sums[2 * i + 1], pol->prefetch_rows * N, npf, NULL, NULL, 0);
             }
         }
     }
-    if (a->stream) cn_stream_fence();
+    if (pol->stream) cn_stream_fence();
 }
 
 /* ----------------------------------------------------- partial sums -- */
@@ -304,18 +280,6 @@ static void acc_add(void *dst_, const void *src_, int64_t c0, int64_t c1)
     at *dst = (at *)dst_ + c0;
     const at *src = (const at *)src_ + c0;
 #define STEP(j, t, full, s) store_a_t(dst + (j), VOP(add)(load_a_t(dst + (j), t, full), load_a_t(src + (j), t, full)), t, full)
-#define STEP1(j) STEP(j, VL, 1, 0)
-    CN_WALK(c1 - c0, 0, 1, STEP1, STEP);
-#undef STEP
-#undef STEP1
-}
-
-/* out[c0:c1] = src[c0:c1] rounded once to the param dtype */
-static void acc_to_param(void *out_, const void *src_, int64_t c0, int64_t c1)
-{
-    pt *out = (pt *)out_ + c0;
-    const at *src = (const at *)src_ + c0;
-#define STEP(j, t, full, s) store_p_t(out + (j), load_a_t(src + (j), t, full), t, full)
 #define STEP1(j) STEP(j, VL, 1, 0)
     CN_WALK(c1 - c0, 0, 1, STEP1, STEP);
 #undef STEP

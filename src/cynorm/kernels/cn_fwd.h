@@ -53,7 +53,7 @@ static void fwd_apply(const cn_fwd_args *a, int64_t r, int64_t nrows, int64_t c0
         int64_t pf = i + 1 < nrows ? N : n - (nrows - 1) * N;  /* next row here, or back to the first, further on */
         if (!st[i].ok) continue;
         normalize_row(x, (xt *)a->y + (r + i) * N + c0, w, b, n, (at)st[i].pivot, st[i].delta, (at)st[i].rstd,
-                  a->center, a->stream, x + pf, c1 < N || i + 1 < nrows ? n : 0, 0);
+                      a->center, a->pol->stream, x + pf, c1 < N || i + 1 < nrows ? n : 0, 0);
     }
 }
 
@@ -246,7 +246,7 @@ static void fwd_small(const cn_fwd_args *a, int64_t r0, int64_t r1)
 /* ----------------------------------------------- forward: medium rows -- */
 
 /* Rows longer than SMALL_MAX, of at most CN_MED_ROW_BYTES, a block of up to
- * SMALL_BLOCK rows (their data within CN_MED_BLOCK_BYTES) at a time,
+ * SMALL_BLOCK rows (pol->group_rows) at a time,
  * in the small-row kernel's phases: per-row sums reduced a block at a time,
  * one vectorizable rstd loop, then the normalizing passes, rereading the rows
  * from L1/L2. Row by row, each row waited on its own sum -> sqrt -> normalize
@@ -287,22 +287,20 @@ CN_INLINE void fwd_med_block(const cn_fwd_args *a, int64_t r0, const int64_t nro
         /* prefetch the same row of the next block */
         int64_t npf = r0 + i + nrows < a->M ? N : 0;
         normalize_lr(x, Y + i * N, (const pt *)a->w, (const pt *)a->b, N, mh[i], lr[i], rs[i], center,
-                     a->stream, x + nrows * N, npf, a->prefetch_l2);
+                     a->pol->stream, x + nrows * N, npf, a->pol->prefetch_l2);
     }
 }
 
 static void fwd_med(const cn_fwd_args *a, int64_t r0, int64_t r1)
 {
-    const int64_t row_bytes = a->N * (int64_t)sizeof(xt);
-    const int64_t B = row_bytes * SMALL_BLOCK <= CN_MED_BLOCK_BYTES ? SMALL_BLOCK
-                      : (CN_MED_BLOCK_BYTES / row_bytes > 1 ? CN_MED_BLOCK_BYTES / row_bytes : 1);
+    const int64_t B = a->pol->group_rows;
     const double inv_n = 1.0 / (double)a->N;
     for (int64_t r = r0; r < r1; r += B) {
         const int64_t nb = r1 - r < B ? r1 - r : B;
         if (a->center) fwd_med_block(a, r, nb, 1, inv_n);
         else fwd_med_block(a, r, nb, 0, inv_n);
     }
-    if (a->stream) cn_stream_fence();
+    if (a->pol->stream) cn_stream_fence();
 }
 
 /* ------------------------------------------------------ forward: rows -- */
@@ -321,55 +319,63 @@ CN_INLINE void fwd_row_stats(const cn_fwd_args *a, int64_t r, cn_row_stats *st)
     fwd_finish(a, r, &tot, st);
 }
 
-/* Whole rows, a few at a time. Short rows: the stats of the whole group
- * first, so one row's sqrt/divide chain overlaps the next row's pass 1, then
- * each row's normalizing pass from cache, prefetching the next group. Long
- * rows (weight and bias no longer fit in L1): stats row by row, then the
- * normalizing passes column chunk by column chunk across the group, so each
- * weight/bias chunk is read once per group instead of once per row. */
+/* Long rows, a group at a time (pol->group_rows): the group's stats row by
+ * row, then the normalizing passes column chunk by column chunk across the
+ * group, so that each weight/bias chunk is read once per group. */
+static void fwd_long(const cn_fwd_args *a, int64_t r0, int64_t r1)
+{
+    const int64_t N = a->N, G = a->pol->group_rows, K = a->pol->apply_chunk;
+    cn_row_stats st[16];
+    for (int64_t r = r0; r < r1; r += G) {
+        const int64_t nb = r1 - r < G ? r1 - r : G;
+        if (a->pol->populate == CN_POPULATE_AHEAD) cn_populate_write((xt *)a->y + r * N, (size_t)(nb * N) * sizeof(xt));
+        for (int64_t i = 0; i < nb; i++) fwd_row_stats(a, r + i, &st[i]);
+        for (int64_t c0 = 0; c0 < N; c0 += K) fwd_apply(a, r, nb, c0, c0 + K < N ? c0 + K : N, st);
+    }
+    if (a->pol->stream) cn_stream_fence();
+}
+
+/* Rows of a few chunks, pol->group_rows at a time: the stats of the whole
+ * group first, so one row's sqrt/divide chain overlaps the next row's pass 1,
+ * then each row's normalizing pass from cache, prefetching the next group. */
+static void fwd_chunked(const cn_fwd_args *a, int64_t r0, int64_t r1)
+{
+    const int64_t N = a->N, RB = a->pol->group_rows;
+    cn_row_stats st[4];
+    for (int64_t r = r0; r < r1; r += RB) {
+        const int64_t nb = r1 - r < RB ? r1 - r : RB;
+        for (int64_t i = 0; i < nb; i++) fwd_row_stats(a, r + i, &st[i]);
+        for (int64_t i = 0; i < nb; i++) {
+            const xt *x = (const xt *)a->x + (r + i) * N;
+            const int64_t npf = r + i + RB < a->M ? a->pol->prefetch_elems : 0;
+            if (!st[i].ok) continue;
+            normalize_row(x, (xt *)a->y + (r + i) * N, (const pt *)a->w, (const pt *)a->b, N, (at)st[i].pivot,
+                          st[i].delta, (at)st[i].rstd, a->center, a->pol->stream, x + RB * N, npf,
+                          a->pol->prefetch_l2);
+        }
+    }
+    if (a->pol->stream) cn_stream_fence();
+}
+
+static void fwd_path(const cn_fwd_args *a, int64_t r0, int64_t r1)
+{
+    switch (a->pol->path) {
+    case CN_PATH_SMALL: fwd_small(a, r0, r1); break;   /* (plain stores: no fence) */
+    case CN_PATH_MEDIUM: fwd_med(a, r0, r1); break;
+    case CN_PATH_LONG: fwd_long(a, r0, r1); break;
+    default: fwd_chunked(a, r0, r1); break;
+    }
+}
+
+/* Rows [r0, r1) by the path the policy chose; a fresh output slab by slab,
+ * each faulted in just before it is written (rows never depend on the slab). */
 static void fwd_rows(const cn_fwd_args *a, int64_t r0, int64_t r1)
 {
-    const int64_t N = a->N;
-    const int64_t row_bytes = N * (int64_t)sizeof(xt);
-    if (a->populate && row_bytes <= CN_LONG_ROW_BYTES) {
-        /* fresh output: fault in ~1 MB slabs just before they are written
-         * (long rows do it per group, below); rows never depend on the slab */
-        const int64_t slab = cn_populate_slab_rows(row_bytes, 1);
-        cn_fwd_args b = *a;
-        b.populate = 0;
-        for (int64_t r = r0; r < r1; r += slab) {
-            const int64_t e = r1 - r < slab ? r1 : r + slab;
-            cn_populate_write((xt *)a->y + r * N, (size_t)((e - r) * N) * sizeof(xt));
-            fwd_rows(&b, r, e);
-        }
-        return;
+    if (a->pol->populate != CN_POPULATE_SLABS) { fwd_path(a, r0, r1); return; }
+    const int64_t N = a->N, slab = a->pol->slab_rows;
+    for (int64_t r = r0; r < r1; r += slab) {
+        const int64_t e = r1 - r < slab ? r1 : r + slab;
+        cn_populate_write((xt *)a->y + r * N, (size_t)((e - r) * N) * sizeof(xt));
+        fwd_path(a, r, e);
     }
-    if (N <= SMALL_MAX) { fwd_small(a, r0, r1); return; }   /* (plain stores: no fence) */
-    if (row_bytes <= CN_MED_ROW_BYTES && N <= CN_CHUNK) { fwd_med(a, r0, r1); return; }
-    const pt *W = (const pt *)a->w, *B = (const pt *)a->b;
-    cn_row_stats st[CN_LONG_GROUP_BIG > 4 ? CN_LONG_GROUP_BIG : 4];   /* short rows: groups of up to 4 */
-    if (row_bytes > CN_LONG_ROW_BYTES) {
-        const int64_t G = a->long_group;   /* 1..CN_LONG_GROUP_BIG: the driver's _fwd_long_group */
-        for (int64_t r = r0; r < r1; r += G) {
-            const int64_t nb = r1 - r < G ? r1 - r : G;
-            if (a->populate) cn_populate_write((xt *)a->y + r * N, (size_t)(nb * N) * sizeof(xt));
-            for (int64_t i = 0; i < nb; i++) fwd_row_stats(a, r + i, &st[i]);
-            for (int64_t c0 = 0; c0 < N; c0 += CN_APPLY_CHUNK)
-                fwd_apply(a, r, nb, c0, c0 + CN_APPLY_CHUNK < N ? c0 + CN_APPLY_CHUNK : N, st);
-        }
-    } else {
-        const int64_t RB = row_bytes * 4 <= CN_FWD_GROUP_BYTES ? 4 : row_bytes * 2 <= CN_FWD_GROUP_BYTES ? 2 : 1;
-        for (int64_t r = r0; r < r1; r += RB) {
-            const int64_t nb = r1 - r < RB ? r1 - r : RB;
-            for (int64_t i = 0; i < nb; i++) fwd_row_stats(a, r + i, &st[i]);
-            for (int64_t i = 0; i < nb; i++) {
-                const xt *x = (const xt *)a->x + (r + i) * N;
-                int64_t npf = r + i + RB < a->M ? (N < CN_PREFETCH_MAX ? N : CN_PREFETCH_MAX) : 0;
-                if (!st[i].ok) continue;
-                normalize_row(x, (xt *)a->y + (r + i) * N, W, B, N, (at)st[i].pivot, st[i].delta,
-                          (at)st[i].rstd, a->center, a->stream, x + RB * N, npf, a->prefetch_l2);
-            }
-        }
-    }
-    if (a->stream) cn_stream_fence();
 }

@@ -40,4 +40,9 @@ const cn_level_ops CN_CAT(cn_level_, CN_LEVEL, ) = {
     CN_ISA_NAME,
     {&CN_KERNEL_TABLE(_0), &CN_KERNEL_TABLE(_1), &CN_KERNEL_TABLE(_2), &CN_KERNEL_TABLE(_3)},
     f32_to_bf16, f32_to_f16, bf16_to_f32, f16_to_f32, stream_fence,
+#if defined(CN_AVX512)
+    1,
+#else
+    0,
+#endif
 };

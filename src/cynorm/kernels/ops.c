@@ -40,5 +40,5 @@ const cn_ops CN_OPS_NAME(CN_LEVEL, CN_KERNEL) = {
     (int)sizeof(xt), (int)sizeof(pt), (int)sizeof(at), SMALL_MAX,
     fwd_rows, fwd_chunk, fwd_finish, fwd_apply,
     bwd_rows, bwd_chunk, bwd_apply,
-    acc_add, acc_to_param,
+    acc_add,
 };

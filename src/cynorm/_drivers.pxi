@@ -1,0 +1,387 @@
+# The drivers (included by _core.pyx): who computes what, in which order. They
+# follow the call's policy (include/cn_policy.h) and call the level's row
+# kernels through its table. The order of every reduction is fixed -- chunk
+# moments merged left to right, row blocks added in block order -- so every
+# output is bit-identical for any thread count and any path.
+
+cdef inline int64_t _min(int64_t a, int64_t b) noexcept nogil:
+    return a if a < b else b
+
+
+cdef inline void _populate_share(char *base, int64_t first, int64_t count, int x_size, int64_t t,
+                                 int64_t T) noexcept nogil:
+    """Thread t's share (1/T, split on huge-page boundaries) of elements [first, first + count)
+    of a fresh output: fault it in."""
+    cn_populate_share(base + first * x_size, count * x_size, t, T)
+
+
+# ---------------------------------------------------------------- forward --
+
+cdef int _forward_team(const cn_ops *ops, const cn_fwd_args *a) noexcept nogil:
+    """Few, long rows: all threads share each group of rows, split by column chunk.
+
+    Phase 1 takes chunk moments, phase 2 merges them per row (left to right,
+    exactly as fwd_rows does), phase 3 normalizes the chunks."""
+    cdef int T = a.pol.threads
+    cdef int64_t M = a.M, N = a.N, K = CN_CHUNK, G = a.pol.group_rows
+    cdef int64_t nc = (N + K - 1) // K
+    cdef cn_moments *mom = <cn_moments *>malloc(G * nc * sizeof(cn_moments))
+    cdef cn_row_stats *st = <cn_row_stats *>malloc(G * sizeof(cn_row_stats))
+    if mom == NULL or st == NULL:
+        free(mom)
+        free(st)
+        return -1
+    cdef int64_t g0, g1, t, i, c
+    cdef cn_moments total
+    cdef bint populate = a.pol.populate == CN_POPULATE_AHEAD
+    with parallel(num_threads=T):
+        g0 = 0
+        while g0 < M:
+            g1 = _min(M, g0 + G)
+            if populate:   # each thread faults in its share of the group's output first
+                for t in prange(T, schedule='static'):
+                    _populate_share(<char *>a.y, g0 * N, (g1 - g0) * N, ops.x_size, t, T)
+            for t in prange((g1 - g0) * nc, schedule='static'):
+                i = t // nc
+                c = t - i * nc
+                ops.fwd_chunk(a, g0 + i, c * K, _min(N, c * K + K), &mom[t])
+            for i in prange(g1 - g0, schedule='static'):
+                total = mom[i * nc]
+                for c in range(1, nc):
+                    cn_moments_merge(&total, &mom[i * nc + c])
+                ops.fwd_finish(a, g0 + i, &total, &st[i])
+            # each thread walks the group's rows for its column chunks (weight/bias reuse)
+            for c in prange(nc, schedule='static'):
+                ops.fwd_apply(a, g0, g1 - g0, c * K, _min(N, c * K + K), st)
+            g0 = g1
+        cn_stream_fence()   # make this thread's non-temporal stores visible
+    free(mom)
+    free(st)
+    return 0
+
+
+cdef int _forward(const cn_ops *ops, const cn_fwd_args *a) noexcept nogil:
+    cdef int64_t M = a.M, t
+    cdef int T = a.pol.threads
+    if a.pol.path == CN_PATH_TEAM:
+        return _forward_team(ops, a)
+    if T <= 1:
+        ops.fwd_rows(a, 0, M)
+        return 0
+    for t in prange(T, schedule='static', num_threads=T):
+        ops.fwd_rows(a, (M * t) // T, (M * (t + 1)) // T)
+    return 0
+
+
+# --------------------------------------------------------------- backward --
+
+cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int k, char *tot_dw, char *tot_db) noexcept nogil:
+    """Long rows: blocks in order, all threads on each block, a group of rows at a time.
+
+    Phase A: each row's two sums, chunk by chunk, two rows at a time (more
+    concurrent DRAM streams than that lose bandwidth). Phase B: the per-row
+    totals, in chunk order. Phase C, with the group back from cache: each
+    thread owns column chunks and walks the group's rows in order, writing dx
+    and adding each row into the block partial -- the order bwd_rows uses, so
+    the bits match the row path. Where the rows are added into the partials
+    (pol.team_parts): in phase C; in phase A by pairs of rows (one thread, while
+    the partials stay in cache), rereading only x, dy and the weight in phase
+    C; or in phase A by column chunk, each thread adding all of a group's pairs
+    into the partials of its chunks. Same operations in the same row order:
+    the same bits."""
+    cdef int T = a.pol.threads
+    cdef int64_t M = a.M, N = a.N, K = CN_CHUNK, B = a.pol.block_rows, S = a.pol.group_rows
+    cdef int64_t nc = (N + K - 1) // K
+    cdef int64_t nb = (M + B - 1) // B
+    cdef size_t part_bytes = N * ops.acc_size
+    cdef double *sums = <double *>malloc(S * nc * 2 * sizeof(double))
+    cdef double *rowsums = <double *>malloc(S * 2 * sizeof(double))
+    cdef char *blk_part = NULL
+    if k and nb > 1:
+        blk_part = <char *>cn_scratch_get(2, k * part_bytes)
+    if sums == NULL or rowsums == NULL or (k and nb > 1 and blk_part == NULL):
+        free(sums)
+        free(rowsums)
+        cn_scratch_put(2, blk_part)
+        return -1
+    cdef int64_t blk, r0, r1, s0, s1, r, c, i, t, npairs, pfo, npf
+    cdef char *dwp
+    cdef char *dbp
+    cdef double acc1, acc2
+    cdef bint in_pairs = k > 0 and a.pol.team_parts == CN_PARTS_BY_PAIRS
+    cdef bint by_chunk = k > 0 and a.pol.team_parts == CN_PARTS_BY_CHUNK
+    cdef bint prefetch_pieces = a.pol.prefetch_pieces
+    cdef bint populate = a.pol.populate == CN_POPULATE_AHEAD
+    with parallel(num_threads=T):
+        for blk in range(nb):
+            r0 = blk * B
+            r1 = _min(M, r0 + B)
+            dwp = NULL
+            dbp = NULL
+            if k:
+                dwp = tot_dw if blk == 0 else blk_part
+                if k == 2:
+                    dbp = tot_db if blk == 0 else blk_part + part_bytes
+            s0 = r0
+            while s0 < r1:
+                s1 = _min(r1, s0 + S)
+                if populate:   # each thread faults in its share of the group's dx first
+                    for t in prange(T, schedule='static'):
+                        _populate_share(<char *>a.dx, s0 * N, (s1 - s0) * N, ops.x_size, t, T)
+                npairs = (s1 - s0 + 1) // 2
+                if by_chunk:
+                    for c in prange(nc, schedule='static'):
+                        for i in range(npairs):
+                            r = s0 + 2 * i
+                            # 16-bit rows: prefetch the next pair's piece (after the last pair,
+                            # the first one's next chunk): a piece is one page, where the
+                            # hardware prefetcher stops
+                            pfo = 2 * N if i + 1 < npairs else (s0 - r) * N + K
+                            npf = K if i + 1 < npairs else _min(K, N - (c + 1) * K)
+                            ops.bwd_chunk(a, r, <int>_min(2, s1 - r), c * K, _min(N, c * K + K),
+                                          &sums[((r - s0) * nc + c) * 2], &sums[((r - s0) * nc + c) * 2 + 1],
+                                          nc * 2, dwp, dbp, r == r0, pfo, npf if prefetch_pieces else 0)
+                else:
+                    for t in prange(npairs * nc, schedule='static'):
+                        i = t // nc
+                        c = t - i * nc
+                        r = s0 + 2 * i
+                        ops.bwd_chunk(a, r, <int>_min(2, s1 - r), c * K, _min(N, c * K + K),
+                                      &sums[((r - s0) * nc + c) * 2], &sums[((r - s0) * nc + c) * 2 + 1], nc * 2,
+                                      dwp if in_pairs else NULL, dbp if in_pairs else NULL, r == r0, 0, 0)
+                for i in prange(s1 - s0, schedule='static'):
+                    acc1 = 0.0
+                    acc2 = 0.0
+                    for c in range(nc):
+                        acc1 = acc1 + sums[(i * nc + c) * 2]
+                        acc2 = acc2 + sums[(i * nc + c) * 2 + 1]
+                    rowsums[2 * i] = acc1
+                    rowsums[2 * i + 1] = acc2
+                for c in prange(nc, schedule='static'):
+                    ops.bwd_apply(a, s0, s1 - s0, c * K, _min(N, c * K + K), rowsums,
+                                  NULL if in_pairs or by_chunk else dwp,
+                                  NULL if in_pairs or by_chunk else dbp, r0)
+                s0 = s1
+            if k and blk > 0:
+                for c in prange(nc, schedule='static'):
+                    ops.acc_add(tot_dw, blk_part, c * K, _min(N, c * K + K))
+                    if k == 2:
+                        ops.acc_add(tot_db, blk_part + part_bytes, c * K, _min(N, c * K + K))
+        cn_stream_fence()   # make this thread's non-temporal stores visible
+    free(sums)
+    free(rowsums)
+    cn_scratch_put(2, blk_part)
+    return 0
+
+
+cdef int _backward_blocks(const cn_ops *ops, const cn_bwd_args *a, int k, char *tot_dw, char *tot_db) noexcept nogil:
+    """Many rows: threads take whole blocks; then the block partials are added
+    in block order, column chunk by column chunk."""
+    cdef int T = a.pol.threads
+    cdef int64_t M = a.M, N = a.N, K = CN_CHUNK, B = a.pol.block_rows
+    cdef int64_t nb = (M + B - 1) // B
+    cdef int64_t nc = (N + K - 1) // K
+    cdef size_t part_bytes = N * ops.acc_size
+    # block 0 accumulates straight into the totals; blocks 1.. get scratch
+    cdef char *scratch = NULL
+    if k and nb > 1:
+        scratch = <char *>cn_scratch_get(2, (nb - 1) * k * part_bytes)
+        if scratch == NULL:
+            return -1
+    cdef int64_t blk, c, j
+    cdef char *dwp
+    cdef char *dbp
+    for blk in prange(nb, schedule='static', num_threads=T):
+        dwp = NULL
+        dbp = NULL
+        if k:
+            dwp = tot_dw if blk == 0 else scratch + (blk - 1) * k * part_bytes
+            if k == 2:
+                dbp = tot_db if blk == 0 else scratch + ((blk - 1) * k + 1) * part_bytes
+        ops.bwd_rows(a, blk * B, _min(M, blk * B + B), dwp, dbp)
+    if k and nb > 1:
+        T = <int>_min(T, nc)
+        for c in prange(nc, schedule='static', num_threads=T):
+            for j in range(nb - 1):
+                ops.acc_add(tot_dw, scratch + j * k * part_bytes, c * K, _min(N, c * K + K))
+                if k == 2:
+                    ops.acc_add(tot_db, scratch + (j * k + 1) * part_bytes, c * K, _min(N, c * K + K))
+    cn_scratch_put(2, scratch)
+    return 0
+
+
+# ------------------------------------------------------------ C entry point --
+
+cdef const char *_c_error_string(int status) noexcept nogil:
+    if status == CYNORM_OK:
+        return b"ok"
+    if status == CYNORM_ENOMEM:
+        return b"cynorm: could not allocate scratch memory"
+    if status == CYNORM_EINVAL:
+        return b"cynorm: invalid descriptor (unsupported dtype pair, rows < 0, cols < 1, eps negative or not finite, num_threads < 0, or a required pointer is NULL)"
+    return b"cynorm: unknown status"
+
+
+cdef inline int _pair_of(const cynorm_desc *d) noexcept nogil:
+    """The pair code (_dtypes.py) of a descriptor's dtypes, or -1."""
+    cdef int x = d.x_dtype, p = d.param_dtype
+    if p == CYNORM_NO_PARAMS:
+        p = x
+    if x == CYNORM_F32 and p == CYNORM_F32:
+        return 0
+    if x == CYNORM_F64 and p == CYNORM_F64:
+        return 1
+    if x == CYNORM_BF16:
+        return 2 if p == CYNORM_BF16 else (3 if p == CYNORM_F32 else -1)
+    if x == CYNORM_F16:
+        return 4 if p == CYNORM_F16 else (5 if p == CYNORM_F32 else -1)
+    return -1
+
+
+cdef inline bint _desc_ok(const cynorm_desc *d) noexcept nogil:
+    return ((d.norm == CYNORM_LAYER_NORM or d.norm == CYNORM_RMS_NORM) and d.rows >= 0 and d.cols >= 1
+            and d.num_threads >= 0 and LEVEL != NULL)
+
+
+cdef void _fill_call(cn_call *c, const cn_ops *ops, const cynorm_desc *d, int backward, int in_flight) noexcept nogil:
+    c.backward = backward
+    c.M = d.rows
+    c.N = d.cols
+    c.x_size = ops.x_size
+    c.acc_size = ops.acc_size
+    c.small_max = ops.small_max
+    c.grads = 0
+    c.requested_threads = d.num_threads if d.num_threads > 0 else omp_get_max_threads()
+    c.procs = omp_get_num_procs()
+    c.in_flight = in_flight
+    c.in_parallel = omp_in_parallel()
+    c.openmp = CN_OPENMP
+    c.fresh = (d.flags & CYNORM_FRESH_OUTPUT) != 0
+    c.out_addr = 0
+    c.in_addr = 0
+
+
+cdef int _c_forward(const cynorm_desc *d, const cynorm_fwd_bufs *b) noexcept nogil:
+    cdef int pair = _pair_of(d)
+    if pair < 0 or not _desc_ok(d) or not (d.eps >= 0.0 and d.eps <= 1.7976931348623157e308):
+        return CYNORM_EINVAL
+    if b.x == NULL or b.y == NULL:
+        return CYNORM_EINVAL
+    if d.rows == 0:
+        return CYNORM_OK
+    cdef const cn_ops *ops = cn_get_ops(pair)
+    cdef int half = cn_half_params[pair]
+    cdef int64_t N = d.cols
+    cdef cn_fwd_args a
+    cdef cn_call call
+    cdef cn_policy pol
+    cdef float *wide = NULL
+    cdef int rc = 0
+    a.x = b.x
+    a.y = b.y
+    a.w = b.weight
+    a.b = b.bias
+    a.mean = b.mean if d.norm == CYNORM_LAYER_NORM else NULL
+    a.rstd = b.rstd
+    a.M = d.rows
+    a.N = N
+    a.eps = d.eps
+    a.center = d.norm == CYNORM_LAYER_NORM
+    if a.rstd == NULL:   # the kernels always write rstd: into scratch when the caller wants none
+        a.rstd = cn_scratch_get(3, d.rows * ops.acc_size)
+        if a.rstd == NULL:
+            return CYNORM_ENOMEM
+    _fill_call(&call, ops, d, 0, cn_enter_call())
+    call.out_addr = <uintptr_t>b.y
+    pol = cn_policy_for(&MACHINE, &call)
+    a.pol = &pol
+    if half and (a.w != NULL or a.b != NULL):
+        wide = <float *>cn_scratch_get(0, 2 * N * sizeof(float))
+        if wide == NULL:
+            rc = -1
+        else:
+            if a.w != NULL:
+                _widen(half, a.w, wide, N)
+                a.w = wide
+            if a.b != NULL:
+                _widen(half, a.b, wide + N, N)
+                a.b = wide + N
+    if rc == 0:
+        rc = _forward(ops, &a)
+    cn_scratch_put(0, wide)
+    if b.rstd == NULL:
+        cn_scratch_put(3, a.rstd)
+    cn_leave_call()
+    return CYNORM_OK if rc == 0 else CYNORM_ENOMEM
+
+
+cdef int _c_backward(const cynorm_desc *d, const cynorm_bwd_bufs *b) noexcept nogil:
+    cdef int pair = _pair_of(d)
+    if pair < 0 or not _desc_ok(d):
+        return CYNORM_EINVAL
+    cdef bint center = d.norm == CYNORM_LAYER_NORM
+    if (b.dy == NULL or b.x == NULL or b.rstd == NULL or b.dx == NULL or (center and b.mean == NULL)
+            or (b.dweight != NULL and b.weight == NULL) or (b.dbias != NULL and (b.dweight == NULL or not center))):
+        return CYNORM_EINVAL
+    cdef int k = 0 if b.dweight == NULL else (2 if b.dbias != NULL else 1)
+    cdef const cn_ops *ops = cn_get_ops(pair)
+    cdef int half = cn_half_params[pair]
+    cdef int64_t N = d.cols
+    cdef size_t grad_bytes = N * (2 if half else ops.p_size)
+    if d.rows == 0:   # no rows: zero gradients
+        if k:
+            memset(b.dweight, 0, grad_bytes)
+        if k == 2:
+            memset(b.dbias, 0, grad_bytes)
+        return CYNORM_OK
+    cdef cn_bwd_args a
+    cdef cn_call call
+    cdef cn_policy pol
+    cdef float *wide = NULL
+    cdef char *out_dw = <char *>b.dweight
+    cdef char *out_db = <char *>b.dbias
+    cdef int rc = 0
+    a.dy = b.dy
+    a.x = b.x
+    a.mean = b.mean if center else NULL
+    a.rstd = b.rstd
+    a.w = b.weight
+    a.dx = b.dx
+    a.M = d.rows
+    a.N = N
+    a.center = center
+    _fill_call(&call, ops, d, 1, cn_enter_call())
+    call.grads = k
+    call.out_addr = <uintptr_t>b.dx
+    call.in_addr = <uintptr_t>b.x | <uintptr_t>b.dy | <uintptr_t>b.dx
+    pol = cn_policy_for(&MACHINE, &call)
+    a.pol = &pol
+    if half and a.w != NULL:
+        # float32 copy of the weight, and float32 sums for dweight/dbias
+        wide = <float *>cn_scratch_get(0, (1 + k) * N * sizeof(float))
+        if wide == NULL:
+            rc = -1
+        else:
+            _widen(half, a.w, wide, N)
+            a.w = wide
+            out_dw = <char *>(wide + N) if k else NULL
+            out_db = <char *>(wide + 2 * N) if k == 2 else NULL
+    if rc == 0:
+        if pol.path == CN_PATH_TEAM:
+            rc = _backward_team(ops, &a, k, out_dw, out_db)
+        else:
+            rc = _backward_blocks(ops, &a, k, out_dw, out_db)
+    if rc == 0 and wide != NULL and k:
+        _narrow(half, wide + N, b.dweight, N)
+        if k == 2:
+            _narrow(half, wide + 2 * N, b.dbias, N)
+    cn_scratch_put(0, wide)
+    cn_leave_call()
+    return CYNORM_OK if rc == 0 else CYNORM_ENOMEM
+
+
+cdef cynorm_api _C_API_TABLE
+_C_API_TABLE.abi_version = CYNORM_ABI_VERSION
+_C_API_TABLE.forward = _c_forward
+_C_API_TABLE.backward = _c_backward
+_C_API_TABLE.error_string = _c_error_string

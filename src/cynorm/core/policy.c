@@ -1,0 +1,229 @@
+/*
+ * The execution policy: cn_policy_for() decides how one call runs, from the
+ * tunables (cn_tune), the machine's caches and the call. See cn_policy.h;
+ * benchmarks/POLICY.md has the measurements behind each number.
+ */
+#include <stddef.h>
+
+#include "cn_policy.h"
+#include "cn_ops.h"
+
+/* An L3 this large is a mesh shared by many cores, which one core reads
+ * slowly (the Xeon's 480 MB), unlike the 32 MB L3 of an AMD CCD. */
+#define CN_MESH_L3_BYTES ((int64_t)64 << 20)
+/* rows of short blocks taken together (kernels/cn_rowmath.h: SMALL_BLOCK) */
+#define CN_SMALL_BLOCK 16
+
+#define CN_TUNABLES_DEFAULT {                                                    \
+    .min_elems_per_thread = 1 << 15, .oversubscribe = 0, .stream_min_bytes = 8 << 20,  \
+    .fresh_plain_row_bytes = -1, .fresh_plain_bwd_min = 2 << 10,                       \
+    .bwd_plain_min_bytes = 4 << 10, .long_row_bytes = 64 << 10, .long_group_bytes = -1, \
+    .short_group_bytes = 16 << 10, .medium_block_bytes = 32 << 10,                     \
+    .bwd_group_bytes = 256 << 10, .bwd_short_bytes = 16 << 10, .bwd_far_bytes = 32 << 10, \
+    .prefetch_max = 8192, .prefetch_into_l2 = -1, .populate_bytes = 1 << 20,          \
+    .part_cache_bytes = 256 << 10, .parts_in_a_bytes = -1, .bwd_a_by_chunk = -1,      \
+    .prefetch_pieces = 1,                                                              \
+}
+
+cn_tunables cn_tune = CN_TUNABLES_DEFAULT;
+
+void cn_tunables_defaults(cn_tunables *t)
+{
+    const cn_tunables d = CN_TUNABLES_DEFAULT;
+    *t = d;
+}
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* Rows per slab when a fresh output is faulted in just before it is written:
+ * whole groups of `group` rows, about populate_bytes, at least one group. */
+static int64_t slab_rows(const cn_tunables *t, int64_t row_bytes, int64_t group)
+{
+    const int64_t group_bytes = group * row_bytes;
+    return group_bytes >= t->populate_bytes ? group : group * (t->populate_bytes / group_bytes);
+}
+
+cn_tunables cn_tunables_for(const cn_tunables *base, const cn_machine *m)
+{
+    cn_tunables t = *base;
+    const int mesh = m->l3_bytes >= CN_MESH_L3_BYTES;
+    /* long rows come from DRAM or L3 twice: a group is a sixteenth of the L3,
+     * within 8 MB (measured on 32 MB L3s) and 32 MB (16 rows of 2 MB) */
+    if (t.long_group_bytes < 0) t.long_group_bytes = min64(max64(m->l3_bytes / 16, 8 << 20), 32 << 20);
+    /* one thread adds the partials in phase A while they stay in cache from one
+     * pair of rows to the next: in L2 on a mesh, in the L3 elsewhere */
+    if (t.parts_in_a_bytes < 0) t.parts_in_a_bytes = mesh ? (m->l2_bytes ? m->l2_bytes : 1 << 20) : 4 << 20;
+    if (t.bwd_a_by_chunk < 0) t.bwd_a_by_chunk = mesh ? 2 : 1;
+    /* a fresh page's zeroed lines stay in cache on a mesh: plain stores reuse them */
+    if (t.fresh_plain_row_bytes < 0) t.fresh_plain_row_bytes = mesh ? t.long_row_bytes : 0;
+    if (t.prefetch_into_l2 < 0) t.prefetch_into_l2 = mesh;
+    return t;
+}
+
+int64_t cn_block_rows(int64_t M, int64_t N, int acc_size)
+{
+    /* at most 64 blocks of at least 8 rows (64 when a row's two partials
+     * exceed 256 KB), and at most 8M numbers of partials in all */
+    int64_t B = (M + 63) / 64;
+    const int64_t by_size = (M * N + (8 << 20) - 1) / (8 << 20);
+    const int64_t least = 2 * N * acc_size > (256 << 10) ? 64 : 8;
+    if (by_size > B) B = by_size;
+    return B > least ? B : least;
+}
+
+/* Threads worth using: small work stays on the calling thread; no more threads
+ * than cores unless allowed; no nested team; concurrent calls share the cores. */
+int cn_threads_for(const cn_tunables *t, const cn_call *c)
+{
+    int requested = c->requested_threads;
+    if (!c->openmp || requested <= 1) return 1;
+    const int64_t cap = (c->M * c->N) / (t->min_elems_per_thread > 0 ? t->min_elems_per_thread : 1);
+    if (cap <= 1 || c->in_parallel) return 1;
+    if (!t->oversubscribe && requested > c->procs) requested = c->procs;
+    if (c->in_flight > 1) {
+        const int share = c->procs / c->in_flight;
+        if (requested >= share) requested = share > 1 ? share : 1;
+    }
+    return (int)min64(requested, cap);
+}
+
+/* Large outputs stream. 16-bit rows only where every row starts on a 16-byte
+ * boundary: their partial vectors would need 2-byte pieces beside the stream. */
+static int streams(const cn_tunables *t, const cn_call *c)
+{
+    if (c->M * c->N * c->x_size < t->stream_min_bytes) return 0;
+    return c->x_size != 2 || (c->out_addr % 16 == 0 && c->N % 8 == 0);
+}
+
+/* Rows per group of long rows: as many as fit in long_group_bytes, at most 16;
+ * rows too long for 4 of them to fit go 16 at a time with one thread, 4 with more. */
+static int64_t long_rows_per_group(const cn_tunables *t, int64_t row_bytes, int threads)
+{
+    const int64_t fit = t->long_group_bytes / row_bytes;
+    if (fit < 4) return threads == 1 ? 16 : 4;
+    return fit < 16 ? fit : 16;
+}
+
+static void forward_policy(const cn_tunables *t, const cn_call *c, int T, cn_policy *p)
+{
+    const int64_t M = c->M, N = c->N, row_bytes = N * c->x_size;
+    const int populate = p->stream && c->fresh;
+    if (populate && row_bytes <= t->fresh_plain_row_bytes) p->stream = 0;
+    p->prefetch_l2 = (int)t->prefetch_into_l2;
+    p->apply_chunk = CN_CHUNK;
+    if (T > 1 && N > CN_CHUNK && M < 4 * T) {
+        /* too few rows to balance: split the columns too */
+        p->path = CN_PATH_TEAM;
+        p->threads = T;
+        p->group_rows = min64(max64(t->long_group_bytes / row_bytes, 1), M);
+        p->populate = populate ? CN_POPULATE_AHEAD : CN_POPULATE_NONE;
+        return;
+    }
+    p->threads = (T <= 1 || M < 2) ? 1 : (int)min64(T, M);
+    if (N <= c->small_max) {
+        p->path = CN_PATH_SMALL;
+        p->group_rows = CN_SMALL_BLOCK;
+    } else if (row_bytes <= CN_MED_ROW_BYTES && N <= CN_CHUNK) {
+        p->path = CN_PATH_MEDIUM;
+        p->group_rows = row_bytes * CN_SMALL_BLOCK <= t->medium_block_bytes ? CN_SMALL_BLOCK
+                        : max64(t->medium_block_bytes / row_bytes, 1);
+    } else if (row_bytes > t->long_row_bytes) {
+        p->path = CN_PATH_LONG;
+        p->group_rows = long_rows_per_group(t, row_bytes, T);
+    } else {
+        p->path = CN_PATH_ROWS;
+        p->group_rows = row_bytes * 4 <= t->short_group_bytes ? 4 : row_bytes * 2 <= t->short_group_bytes ? 2 : 1;
+    }
+    p->prefetch_elems = min64(N, t->prefetch_max);
+    if (populate) {
+        /* long rows fault in each group; shorter ones slab by slab, just before
+         * they are written (rows never depend on the slab) */
+        p->populate = row_bytes > t->long_row_bytes ? CN_POPULATE_AHEAD : CN_POPULATE_SLABS;
+        p->slab_rows = slab_rows(t, row_bytes, 1);
+    }
+}
+
+static void backward_policy(const cn_tunables *t, const cn_machine *m, const cn_call *c, int T, cn_policy *p)
+{
+    const int64_t M = c->M, N = c->N, row_bytes = N * c->x_size, pair_bytes = 2 * row_bytes;
+    const int64_t part_bytes = N * c->acc_size;
+    const int k = c->grads;
+    const int populate = p->stream && c->fresh;
+    if (populate && t->fresh_plain_bwd_min <= row_bytes && row_bytes <= t->fresh_plain_row_bytes) p->stream = 0;
+    const int64_t B = p->block_rows = cn_block_rows(M, N, c->acc_size);
+    const int64_t nb = (M + B - 1) / B;
+    p->populate = populate ? CN_POPULATE_AHEAD : CN_POPULATE_NONE;
+    p->prefetch_elems = min64(N, t->prefetch_max);
+    if (N > c->small_max && (nb < T || k * part_bytes > t->part_cache_bytes)) {
+        /* few blocks, or partials too large to keep in cache while a block's rows pass */
+        p->path = CN_PATH_TEAM;
+        p->threads = T;
+        const int64_t fit = t->long_group_bytes / pair_bytes;
+        p->group_rows = min64(fit > 1 ? fit : (T == 1 ? 16 : 4), B);
+        const int pairs = T == 1 && k * part_bytes <= t->parts_in_a_bytes;
+        const int by_chunk = k > 0 && !pairs && (t->bwd_a_by_chunk == 2 || (T > 1 && t->bwd_a_by_chunk == 1));
+        p->team_parts = pairs ? CN_PARTS_BY_PAIRS : by_chunk ? CN_PARTS_BY_CHUNK : CN_PARTS_IN_PHASE_C;
+        p->prefetch_pieces = t->prefetch_pieces && c->x_size == 2;
+        return;
+    }
+    p->threads = (int)min64(T, nb);
+    if (N <= c->small_max) {
+        p->path = CN_PATH_SMALL;
+        p->group_rows = CN_SMALL_BLOCK;
+        return;
+    }
+    p->path = CN_PATH_ROWS;
+    const int64_t RB = pair_bytes * 4 <= t->bwd_group_bytes ? 4 : pair_bytes * 2 <= t->bwd_group_bytes ? 2 : 1;
+    /* short rows: up to 16 take pass 1 before any takes pass 2, so that one
+     * row's reduction latency overlaps other rows' work */
+    p->group_rows = RB < 4 ? RB : pair_bytes * 16 <= t->bwd_short_bytes ? 16 : pair_bytes * 8 <= t->bwd_short_bytes ? 8 : 4;
+    p->prefetch_rows = c->x_size >= 4 && pair_bytes * p->group_rows >= t->bwd_far_bytes ? 2 * p->group_rows
+                                                                                      : p->group_rows;
+    /* aligned 32-bit rows with partials, where the level streams several rows
+     * at once: pass 1 only sums, pass 2 adds the rows into the partials */
+    p->late_parts = m->multirow_stream && c->x_size >= 4 && k > 0 && c->in_addr % 64 == 0 && row_bytes % 64 == 0;
+    p->pass1_rows = p->late_parts ? 1 : RB;
+    if (populate && !p->late_parts && c->x_size >= 4 && row_bytes >= t->bwd_plain_min_bytes) {
+        p->populate = CN_POPULATE_SLABS;
+        p->stream = 0;
+        p->slab_rows = slab_rows(t, row_bytes, p->group_rows);
+    }
+}
+
+cn_policy cn_policy_for(const cn_machine *m, const cn_call *c)
+{
+    const cn_tunables t = cn_tunables_for(&cn_tune, m);
+    cn_policy p = {0};
+    const int T = cn_threads_for(&t, c);
+    p.stream = streams(&t, c);
+    p.group_rows = 1;
+    p.pass1_rows = 1;
+    p.slab_rows = 1;
+    if (c->backward) backward_policy(&t, m, c, T, &p);
+    else forward_policy(&t, c, T, &p);
+    return p;
+}
+
+/* The tunables by name, for _core._policy() (tests, benchmarks/tunables.py). */
+#define CN_FIELD(name) {#name, offsetof(cn_tunables, name)}
+static const struct { const char *name; size_t offset; } cn_tunable_fields[] = {
+    CN_FIELD(min_elems_per_thread), CN_FIELD(oversubscribe), CN_FIELD(stream_min_bytes),
+    CN_FIELD(fresh_plain_row_bytes), CN_FIELD(fresh_plain_bwd_min), CN_FIELD(bwd_plain_min_bytes),
+    CN_FIELD(long_row_bytes), CN_FIELD(long_group_bytes), CN_FIELD(short_group_bytes),
+    CN_FIELD(medium_block_bytes), CN_FIELD(bwd_group_bytes), CN_FIELD(bwd_short_bytes),
+    CN_FIELD(bwd_far_bytes), CN_FIELD(prefetch_max), CN_FIELD(prefetch_into_l2), CN_FIELD(populate_bytes),
+    CN_FIELD(part_cache_bytes), CN_FIELD(parts_in_a_bytes), CN_FIELD(bwd_a_by_chunk), CN_FIELD(prefetch_pieces),
+};
+#undef CN_FIELD
+
+const char *cn_tunable_name(int i)
+{
+    return i >= 0 && i < (int)(sizeof cn_tunable_fields / sizeof cn_tunable_fields[0]) ? cn_tunable_fields[i].name
+                                                                                     : NULL;
+}
+
+int64_t *cn_tunable_slot(cn_tunables *t, int i)
+{
+    return cn_tunable_name(i) ? (int64_t *)((char *)t + cn_tunable_fields[i].offset) : NULL;
+}

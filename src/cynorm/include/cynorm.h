@@ -1,0 +1,84 @@
+/*
+ * cynorm.h -- cynorm's C entry point: LayerNorm and RMSNorm, forward and
+ * backward, on raw pointers and a descriptor. No Python object is touched and
+ * the GIL is not needed: call it from any thread. Results are bit-identical
+ * to the Python API's for the same inputs, at any thread count.
+ *
+ * From another extension module (include this header; find it with
+ * cynorm.get_include()):
+ *
+ *     const cynorm_api *api = cynorm_import();      // with the GIL, once; NULL + exception on failure
+ *     cynorm_desc d = {CYNORM_LAYER_NORM, CYNORM_BF16, CYNORM_F32, rows, cols, 1e-5};
+ *     cynorm_fwd_bufs b = {x, weight, bias, y, mean, rstd};
+ *     int rc = api->forward(&d, &b);                 // CYNORM_OK, or see api->error_string(rc)
+ *
+ * Arrays are C-contiguous: x, y, dy, dx hold rows * cols elements; weight,
+ * bias, dweight, dbias cols; mean and rstd rows (float32, or float64 for
+ * float64 x). dweight/dbias have the param dtype. y may be x itself and dx may
+ * be dy or x; no other output may overlap an input.
+ */
+#ifndef CYNORM_H
+#define CYNORM_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CYNORM_ABI_VERSION 1
+
+enum cynorm_dtype { CYNORM_F32 = 0, CYNORM_F64 = 1, CYNORM_BF16 = 2, CYNORM_F16 = 3, CYNORM_NO_PARAMS = -1 };
+enum cynorm_norm { CYNORM_LAYER_NORM = 0, CYNORM_RMS_NORM = 1 };
+enum cynorm_flags { CYNORM_FRESH_OUTPUT = 1 };   /* y / dx was just allocated: its pages are not in yet */
+enum cynorm_status { CYNORM_OK = 0, CYNORM_ENOMEM = 1, CYNORM_EINVAL = 2 };
+
+typedef struct {
+    int norm;             /* cynorm_norm */
+    int x_dtype;          /* x, y, dy, dx: cynorm_dtype */
+    int param_dtype;      /* weight, bias, dweight, dbias: x_dtype, CYNORM_F32 (mixed), or
+                             CYNORM_NO_PARAMS when neither weight nor bias is given */
+    int64_t rows, cols;   /* rows >= 0 rows of cols >= 1 elements */
+    double eps;           /* forward: finite, >= 0 */
+    int num_threads;      /* 0: the default (omp_get_max_threads()) */
+    unsigned flags;       /* cynorm_flags */
+} cynorm_desc;
+
+typedef struct {
+    const void *x, *weight, *bias;   /* weight and bias may be NULL */
+    void *y, *mean, *rstd;           /* mean may be NULL (RMSNorm: always); rstd may be NULL */
+} cynorm_fwd_bufs;
+
+typedef struct {
+    const void *dy, *x, *mean, *rstd, *weight;   /* mean unused by RMSNorm; weight may be NULL */
+    void *dx, *dweight, *dbias;                  /* dweight needs weight; dbias (LayerNorm) needs dweight */
+} cynorm_bwd_bufs;
+
+typedef struct {
+    int abi_version;                                                  /* CYNORM_ABI_VERSION */
+    int (*forward)(const cynorm_desc *d, const cynorm_fwd_bufs *b);   /* returns a cynorm_status */
+    int (*backward)(const cynorm_desc *d, const cynorm_bwd_bufs *b);
+    const char *(*error_string)(int status);
+} cynorm_api;
+
+#define CYNORM_CAPSULE "cynorm._core._C_API"
+
+#if defined(Py_PYTHON_H)
+/* The function table, from the capsule cynorm._core._C_API (imports cynorm). */
+static inline const cynorm_api *cynorm_import(void)
+{
+    const cynorm_api *api = (const cynorm_api *)PyCapsule_Import(CYNORM_CAPSULE, 0);
+    if (api != NULL && api->abi_version != CYNORM_ABI_VERSION) {
+        PyErr_Format(PyExc_ImportError, "cynorm C API version %d, this module was built for %d",
+                     api->abi_version, CYNORM_ABI_VERSION);
+        return NULL;
+    }
+    return api;
+}
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CYNORM_H */
