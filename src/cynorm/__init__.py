@@ -5,11 +5,12 @@
     >>> y, mean, rstd = cynorm.layer_norm_forward(x, np.ones(512, np.float32))
     >>> dx, dw, db = cynorm.layer_norm_backward(np.ones_like(x), x, mean, rstd, np.ones(512, np.float32))
 
-See show_config() for the ISA level and threads in use.
+See show_config() for the ISA level and threads in use, and explain() for how a call runs.
 """
 
 from ._version import __version__
 from ._api import (
+    explain,
     layer_norm,
     layer_norm_backward,
     layer_norm_forward,
@@ -20,6 +21,12 @@ from ._api import (
 from ._alloc import release_recycled
 from ._config import show_config
 from ._threads import get_num_threads
+
+
+def get_include():
+    """The directory of cynorm.h, cynorm's C entry point, for building extension modules against it."""
+    import os
+    return os.path.join(os.path.dirname(__file__), "include")
 
 __all__ = [
     "__version__",
@@ -32,4 +39,6 @@ __all__ = [
     "show_config",
     "release_recycled",
     "get_num_threads",
+    "explain",
+    "get_include",
 ]

@@ -11,7 +11,7 @@ import numbers
 
 import numpy as np
 
-from . import _alloc, _dtypes, _isa
+from . import _alloc, _dtypes, _isa, _outputs
 from ._threads import resolve_num_threads
 
 __all__ = [
@@ -134,37 +134,6 @@ def _split(shape, axis):
     return math.prod(shape[:axis]), n, norm_shape
 
 
-def _check_out(out, shape, dtype, name="out"):
-    if type(out) is _ndarray and out.dtype is dtype and out.shape == shape:   # fast path
-        flags = out.flags
-        if flags.c_contiguous and flags.writeable:
-            return out
-    if type(out) is not _ndarray and not isinstance(out, _ndarray):
-        raise TypeError(f"cynorm: {name} must be a numpy.ndarray, got {type(out).__name__}")
-    if out.dtype != dtype:
-        raise TypeError(f"cynorm: {name} must have dtype {_dtypes.dtype_name(dtype)}, "
-                        f"got {_dtypes.dtype_name(out.dtype)}")
-    if out.shape != shape:
-        raise ValueError(f"cynorm: {name} must have shape {shape}, got {out.shape}")
-    if not out.flags.c_contiguous:
-        raise ValueError(f"cynorm: {name} must be C-contiguous")
-    if not out.flags.writeable:
-        raise ValueError(f"cynorm: {name} is read-only")
-    return out
-
-
-def _same_buffer(a, b):
-    return a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.strides == b.strides
-
-
-def _contiguous_input(a, out):
-    """C-contiguous version of a; a copy if it overlaps `out` other than exactly."""
-    if out is not None and a is not out and np.may_share_memory(a, out):
-        if not (a.flags.c_contiguous and _same_buffer(a, out)):
-            return np.array(a, order="C", copy=True)
-    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
-
-
 def _stats(stat, name, shape, stat_shape, axis, dtype):
     """Check a mean/rstd argument of the backward."""
     stat = _as_array(stat, name)
@@ -208,28 +177,24 @@ def _layout_uncached(shape, axis):
     return ax, M, N, norm_shape, shape[:ax] + (1,) * (ndim - ax)
 
 
-def _destination(out, shape, new, dtype, params):
-    """The output array (new from `new`, or the checked `out`), whether its pages
-    are still to be faulted in (fresh), and params copied if they overlap it."""
-    if out is None:
-        dst = new(shape, dtype)   # a recycled huge-page output has its pages in already
-        return dst, not (new is _huge_empty and _alloc.last_recycled()), params
-    dst = _check_out(out, shape, dtype)
-    for p in params:   # a list of copies only when one overlaps dst (rare)
-        if p is not None and np.may_share_memory(p, dst):
-            return dst, False, [q.copy() if q is not None and np.may_share_memory(q, dst) else q for q in params]
-    return dst, False, params
-
-
 #: (x type number, param type number or -1) -> (pair code, stats type number),
 #: for the kernels' forward_small
 _FAST_PAIRS = {(x.num, -1 if p is None else p.num): (pair.code, pair.stat.num)
                for (x, p), pair in _PAIR_CACHE.items()}
 
 
-def _forward(x, weight, bias, axis, eps, num_threads, out, center, want_stats):
+def _new(maker, shape, dtype):
+    """A new output, and whether its pages are still to be faulted in (a recycled
+    huge-page output has them in already)."""
+    arr = maker(shape, dtype)
+    return arr, not (maker is _huge_empty and _alloc.last_recycled())
+
+
+def _forward(x, weight, bias, axis, eps, num_threads, out, center, names):
+    """names: the outputs the caller returns, in order (y, then mean and/or rstd)."""
     if out is None:   # the common small call, checked and run in C (None: anything else)
-        done = _isa.kernels.forward_small(x, weight, bias, axis, eps, num_threads, center, want_stats, _FAST_PAIRS)
+        done = _isa.kernels.forward_small(x, weight, bias, axis, eps, num_threads, center, len(names) > 1,
+                                          _FAST_PAIRS)
         if done is not None:
             return done
     x = _input(x, "x")
@@ -237,17 +202,31 @@ def _forward(x, weight, bias, axis, eps, num_threads, out, center, want_stats):
     pair, weight, bias = _params(x.dtype, norm_shape, weight, bias)
     eps = _eps(eps)
     T = resolve_num_threads(num_threads)
+    given = {"y": None, "mean": None, "rstd": None}
+    if out is not None:
+        arrays, labels = _outputs.unpack(out, names)
+        for name, arr, label in zip(names, arrays, labels):
+            if arr is not None:
+                shape, dtype = (x.shape, pair.x) if name == "y" else (stat_shape, pair.stat)
+                given[name] = _outputs.check(arr, label, shape, dtype, x.shape[:ax] if name != "y" else None)
+        _outputs.check_disjoint(arrays, labels)
+        x, weight, bias = _outputs.protect((x, weight, bias), list(given.values()), in_place={(0, 0)})
+    if not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x)
     new_y, new_stat = _makers(M * N, pair.x, M, pair.stat)
-    y, fresh, (weight, bias) = _destination(out, x.shape, new_y, pair.x, (weight, bias))
-    x = _contiguous_input(x, out)
-    mean = new_stat(stat_shape, pair.stat) if (center and want_stats) else None
-    rstd = new_stat(stat_shape, pair.stat)
+    y, fresh = (given["y"], False) if given["y"] is not None else _new(new_y, x.shape, pair.x)
+    mean = rstd = None
+    if center and "mean" in names:
+        mean = given["mean"] if given["mean"] is not None else new_stat(stat_shape, pair.stat)
+    if "rstd" in names:
+        rstd = given["rstd"] if given["rstd"] is not None else new_stat(stat_shape, pair.stat)
     if M:
         _isa.kernels.forward(pair.code, center, x, y, weight, bias, mean, rstd, M, N, eps, T, fresh)
     return y, mean, rstd
 
 
-def _backward(dy, x, mean, rstd, weight, axis, num_threads, out, center):
+def _backward(dy, x, mean, rstd, weight, axis, num_threads, out, center, names):
+    """names: the outputs the caller returns (dx, dweight and, for LayerNorm, dbias)."""
     x = _input(x, "x")
     dy = _input(dy, "dy")
     if dy.shape != x.shape:
@@ -261,26 +240,43 @@ def _backward(dy, x, mean, rstd, weight, axis, num_threads, out, center):
         mean = _stats(mean, "mean", x.shape, stat_shape, ax, pair.stat)
     rstd = _stats(rstd, "rstd", x.shape, stat_shape, ax, pair.stat)
     T = resolve_num_threads(num_threads)
+    given = {"dx": None, "dweight": None, "dbias": None}
+    if out is not None:
+        arrays, labels = _outputs.unpack(out, names)
+        for name, arr, label in zip(names, arrays, labels):
+            if arr is None:
+                continue
+            if name == "dx":
+                given[name] = _outputs.check(arr, label, x.shape, pair.x)
+            elif weight is None:
+                raise ValueError(f"cynorm: {label} is given but there is no weight, so no {name} to write")
+            else:
+                given[name] = _outputs.check(arr, label, norm_shape, pair.grad)
+        _outputs.check_disjoint(arrays, labels)
+        dy, x, mean, rstd, weight = _outputs.protect((dy, x, mean, rstd, weight), list(given.values()),
+                                                     in_place={(0, 0), (1, 0)})
+    if not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x)
+    if not dy.flags.c_contiguous:
+        dy = np.ascontiguousarray(dy)
     new_dx, new_grad = _makers(M * N, pair.x, N, pair.grad)
-    dx, fresh, (weight, mean, rstd) = _destination(out, x.shape, new_dx, pair.x,
-                                                   (weight, mean if center else None, rstd))
-    x = _contiguous_input(x, out)
-    dy = _contiguous_input(dy, out)
+    dx, fresh = (given["dx"], False) if given["dx"] is not None else _new(new_dx, x.shape, pair.x)
+    dweight = dbias = None
     if weight is not None:
-        dweight = new_grad(norm_shape, pair.grad)
-        dbias = new_grad(norm_shape, pair.grad) if center else None
-        if M == 0:
-            dweight.fill(0)
-            if dbias is not None:
-                dbias.fill(0)
-    else:
-        dweight = dbias = None
-    if M:
-        _isa.kernels.backward(pair.code, center, dy, x, mean, rstd, weight, dx, dweight, dbias, M, N, T, fresh)
+        dweight = given["dweight"] if given["dweight"] is not None else new_grad(norm_shape, pair.grad)
+        if center:
+            dbias = given["dbias"] if given["dbias"] is not None else new_grad(norm_shape, pair.grad)
+    _isa.kernels.backward(pair.code, center, dy, x, mean, rstd, weight, dx, dweight, dbias, M, N, T, fresh)
     return dx, dweight, dbias
 
 
 # ------------------------------------------------------------- LayerNorm --
+
+_OUT_DOC = """``out`` may be one array (the first output, {first}) or a tuple with an entry
+    per output ({all}), each an array or None (allocated). Given arrays must be
+    C-contiguous, writeable and of exactly the output's dtype and shape; the call
+    returns them."""
+
 
 def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, num_threads=None, out=None):
     """LayerNorm over ``x.shape[axis:]``: ``(x - mean) / sqrt(var + eps) * weight + bias``.
@@ -290,7 +286,7 @@ def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, num_threads=None
     independently) have shape ``x.shape[axis:]``. The variance is biased.
     Returns y with x's dtype (written into ``out`` when given; ``out`` may be x).
     """
-    return _forward(x, weight, bias, axis, eps, num_threads, out, True, False)[0]
+    return _forward(x, weight, bias, axis, eps, num_threads, out, True, ("y",))[0]
 
 
 def layer_norm_forward(x, weight=None, bias=None, *, axis=-1, eps=1e-5, num_threads=None, out=None):
@@ -298,35 +294,76 @@ def layer_norm_forward(x, weight=None, bias=None, *, axis=-1, eps=1e-5, num_thre
 
     Returns ``(y, mean, rstd)``; ``mean`` and ``rstd = 1/sqrt(var + eps)`` have
     shape ``x.shape[:axis] + (1,) * k`` (dims kept, so they broadcast against x)
-    and dtype float32 (float64 for float64 input).
+    and dtype float32 (float64 for float64 input). ``out=(y, mean, rstd)``
+    (any may be None) writes them into given arrays; mean and rstd may also
+    have the squeezed shape ``x.shape[:axis]``.
     """
-    return _forward(x, weight, bias, axis, eps, num_threads, out, True, True)
+    return _forward(x, weight, bias, axis, eps, num_threads, out, True, ("y", "mean", "rstd"))
 
 
 def layer_norm_backward(dy, x, mean, rstd, weight=None, *, axis=-1, num_threads=None, out=None):
     """Gradients of LayerNorm: returns ``(dx, dweight, dbias)``.
 
     ``mean``/``rstd`` are what layer_norm_forward returned. With ``weight=None``
-    the result is ``(dx, None, None)``. ``out`` receives dx (it may be dy or x).
+    the result is ``(dx, None, None)``. ``out`` receives dx (it may be dy or x),
+    or ``out=(dx, dweight, dbias)`` (any may be None).
     dweight/dbias are bit-identical for any ``num_threads``.
     """
-    return _backward(dy, x, mean, rstd, weight, axis, num_threads, out, True)
+    return _backward(dy, x, mean, rstd, weight, axis, num_threads, out, True, ("dx", "dweight", "dbias"))
 
 
 # --------------------------------------------------------------- RMSNorm --
 
 def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, num_threads=None, out=None):
     """RMSNorm over ``x.shape[axis:]``: ``x / sqrt(mean(x**2) + eps) * weight``."""
-    return _forward(x, weight, None, axis, eps, num_threads, out, False, False)[0]
+    return _forward(x, weight, None, axis, eps, num_threads, out, False, ("y",))[0]
 
 
 def rms_norm_forward(x, weight=None, *, axis=-1, eps=1e-6, num_threads=None, out=None):
-    """RMSNorm that also returns ``rstd = 1/sqrt(mean(x**2) + eps)``: ``(y, rstd)``."""
-    y, _, rstd = _forward(x, weight, None, axis, eps, num_threads, out, False, True)
+    """RMSNorm that also returns ``rstd = 1/sqrt(mean(x**2) + eps)``: ``(y, rstd)``;
+    ``out=(y, rstd)`` (either may be None)."""
+    y, _, rstd = _forward(x, weight, None, axis, eps, num_threads, out, False, ("y", "rstd"))
     return y, rstd
 
 
 def rms_norm_backward(dy, x, rstd, weight=None, *, axis=-1, num_threads=None, out=None):
-    """Gradients of RMSNorm: ``(dx, dweight)``; dweight is None when weight is None."""
-    dx, dweight, _ = _backward(dy, x, None, rstd, weight, axis, num_threads, out, False)
+    """Gradients of RMSNorm: ``(dx, dweight)``; dweight is None when weight is None.
+    ``out`` receives dx, or ``out=(dx, dweight)``."""
+    dx, dweight, _ = _backward(dy, x, None, rstd, weight, axis, num_threads, out, False, ("dx", "dweight"))
     return dx, dweight
+
+
+# ----------------------------------------------------------------- explain --
+
+def explain(x, weight=None, *, axis=-1, num_threads=None, norm="layer_norm", backward=False, out=None):
+    """How a call would run, as a dict: the ISA level, the kernel dtypes, the
+    threads, the path through the rows, whether the output is streamed and how
+    a fresh one is faulted in, group sizes, and the tunables in use.
+
+    Takes the arguments of the call to explain (x, weight, axis, num_threads,
+    out) plus ``norm`` ("layer_norm" or "rms_norm") and ``backward``; x may be
+    any array (only its shape, dtype and address count). Nothing is computed.
+    The policy comes from the same function the call uses (cn_policy_for), with
+    this call alone in flight; an output it allocates is taken as fresh (a
+    recycled one is not, see the README's Memory section).
+    """
+    if norm not in ("layer_norm", "rms_norm"):
+        raise ValueError(f"cynorm: norm must be 'layer_norm' or 'rms_norm', got {norm!r}")
+    x = _input(x, "x")
+    ax, M, N, norm_shape, stat_shape = _layout(x, axis)
+    pair, weight, _ = _params(x.dtype, norm_shape, weight, None)
+    T = resolve_num_threads(num_threads)
+    center = norm == "layer_norm"
+    dst = None
+    if out is not None:
+        arrays, labels = _outputs.unpack(out, ("dx",) if backward else ("y",))
+        if arrays[0] is not None:
+            dst = _outputs.check(arrays[0], labels[0], x.shape, pair.x)
+    addr = x.__array_interface__["data"][0]
+    out_addr = dst.__array_interface__["data"][0] if dst is not None else 64   # new outputs: 64-byte aligned or better
+    grads = 0 if weight is None else (2 if center else 1)
+    policy = _isa.kernels.explain_call(bool(backward), pair.code, center, M, N, T, dst is None, out_addr,
+                                       addr | out_addr, grads)
+    return {"norm": norm, "direction": "backward" if backward else "forward", "isa": _isa.level,
+            "rows": M, "cols": N, "x_dtype": _dtypes.dtype_name(pair.x), "param_dtype": _dtypes.dtype_name(pair.param),
+            "requested_threads": T, **policy, "tunables": _isa.kernels.tunables()}

@@ -1,0 +1,77 @@
+"""cynorm.explain(): the policy a call would run with, from the same function
+the call uses (cn_policy_for), and the same argument checks as the call."""
+
+import numpy as np
+import pytest
+from ml_dtypes import bfloat16
+
+import cynorm
+from cynorm import _isa
+
+KEYS = {"norm", "direction", "isa", "rows", "cols", "x_dtype", "param_dtype", "requested_threads", "threads",
+        "path", "group_rows", "stream", "populate", "tunables"}
+
+
+def test_keys_and_basic_fields():
+    x = np.empty((4, 8, 300), bfloat16)
+    e = cynorm.explain(x, np.ones(300, np.float32), num_threads=1)
+    assert KEYS <= set(e)
+    assert (e["rows"], e["cols"], e["x_dtype"], e["param_dtype"]) == (32, 300, "bfloat16", "float32")
+    assert e["isa"] == _isa.level and e["direction"] == "forward" and e["threads"] == 1
+    assert e["path"] == "medium rows in blocks"
+    assert set(e["tunables"]) == set(_isa.kernels.tunables())
+
+
+def test_paths_follow_row_length():
+    small = _isa.kernels.small_row_limit(0)   # float32 rows in registers at this level
+    f32 = np.float32
+    assert cynorm.explain(np.empty((64, small), f32))["path"] == "small rows in registers"
+    assert cynorm.explain(np.empty((64, small + 1), f32))["path"] == "medium rows in blocks"
+    assert cynorm.explain(np.empty((64, 5000), f32))["path"] == "rows by chunks"
+    assert cynorm.explain(np.empty((64, 40000), f32))["path"] == "long rows in groups"
+    assert cynorm.explain(np.empty((64, 16), f32), backward=True)["path"] == "small rows in registers"
+    assert cynorm.explain(np.empty((64, 5000), f32), backward=True)["path"] == "rows by chunks"
+    # partials of 2 x 33000 x 4 bytes do not stay in cache while a block's rows pass: the team path
+    e = cynorm.explain(np.empty((70, 33000), f32), np.ones(33000, f32), backward=True, num_threads=1)
+    assert e["path"] == "team: columns split across threads" and e["block_rows"] == 64
+    assert e["partials_added_in"] in ("phase C", "phase A, pairs of rows", "phase A, column chunks")
+
+
+def test_threads_and_team_path():
+    assert cynorm.explain(np.empty((8, 8, 16), np.float32), num_threads=2)["threads"] == 1   # tiny: one thread
+    old = _isa.kernels._policy("oversubscribe", 1)
+    try:
+        e = cynorm.explain(np.empty((2, 200000), np.float32), num_threads=2)
+        if _isa.kernels.openmp():
+            assert e["threads"] == 2 and e["path"] == "team: columns split across threads"
+        else:
+            assert e["threads"] == 1
+    finally:
+        _isa.kernels._policy("oversubscribe", old)
+
+
+def test_follows_the_tunables():
+    x = np.empty((4096, 1024), np.float32)
+    out = np.empty_like(x)
+    old = _isa.kernels._policy("stream_min_bytes", 1 << 40)
+    try:
+        assert cynorm.explain(x, out=out)["stream"] is False
+        _isa.kernels._policy("stream_min_bytes", 0)
+        assert cynorm.explain(x, out=out)["stream"] is True
+        assert cynorm.explain(x, out=out)["tunables"]["stream_min_bytes"] == 0
+    finally:
+        _isa.kernels._policy("stream_min_bytes", old)
+
+
+def test_same_checks_as_the_call():
+    x = np.empty((4, 6), np.float32)
+    with pytest.raises(ValueError, match="axis 2 is out of range"):
+        cynorm.explain(x, axis=2)
+    with pytest.raises(TypeError, match="unsupported dtypes"):
+        cynorm.explain(x, np.ones(6, np.float64))
+    with pytest.raises(ValueError, match="num_threads must be >= 1"):
+        cynorm.explain(x, num_threads=0)
+    with pytest.raises(ValueError, match="norm must be"):
+        cynorm.explain(x, norm="batch_norm")
+    with pytest.raises(ValueError, match="out must have shape"):
+        cynorm.explain(x, out=np.empty((4, 5), np.float32))
