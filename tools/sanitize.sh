@@ -18,8 +18,11 @@ PY=${PYTHON:-python3}
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
 python -m pip install -q --upgrade pip
-python -m pip install -q "cython>=3.0.10" "numpy>=2" "setuptools>=77" ml_dtypes threadpoolctl pytest hypothesis
-CYNORM_DEBUG=1 CYNORM_SANITIZE=address,undefined python -m pip install -q --no-build-isolation --force-reinstall --no-deps "$ROOT"
+python -m pip install -q "cython>=3.0.10" "numpy>=2" meson-python meson ninja ml_dtypes threadpoolctl pytest hypothesis
+# a debug build (no forced inlining: minutes, not hours) with the sanitizers; Python's
+# symbols resolve at load time, hence b_lundef=false
+python -m pip install -q --no-build-isolation --force-reinstall --no-deps \
+    -Csetup-args=-Dbuildtype=debug -Csetup-args=-Db_sanitize=address,undefined -Csetup-args=-Db_lundef=false "$ROOT"
 
 export LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
 # A bounded quarantine (default 256 MB) keeps use-after-free detection for recent

@@ -58,14 +58,11 @@ cdef extern from "cn_policy.h" nogil:
         int64_t oversubscribe
         int64_t stream_min_bytes
         int64_t fresh_plain_row_bytes
-        int64_t fresh_plain_bwd_min
         int64_t bwd_plain_min_bytes
         int64_t long_row_bytes
         int64_t long_group_bytes
-        int64_t short_group_bytes
         int64_t medium_block_bytes
         int64_t bwd_group_bytes
-        int64_t bwd_short_bytes
         int64_t bwd_far_bytes
         int64_t prefetch_max
         int64_t prefetch_into_l2
@@ -467,8 +464,7 @@ def forward_small(object x, object weight, object bias, object axis, object eps,
     1..1024, and fewer than SMALL_CALL_ELEMS elements. Returns (y, mean, rstd)
     (mean None unless center and want_stats), or None for anything else; the
     caller then validates and runs the call the general way (and raises
-    there). Measured: (1,8,16) fp32 layer_norm_forward 4.2 -> 1.25 us.
-    Same kernels and thread choice (_threads_for) as the general path."""
+    there). Same kernels and policy as the general path."""
     if not (_plain_array(x) and type(axis) is int and type(eps) is float):
         return None
     if num_threads is not None and not (type(num_threads) is int and 1 <= num_threads <= 1024):

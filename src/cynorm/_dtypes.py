@@ -9,7 +9,7 @@
     float16    float32 (mixed)    float16    float32      float32
 
 Everything else is refused with a TypeError that names these pairs and the fix.
-The pair codes are the kernel table indices in include/cn_kernels.h.
+The pair codes are CN_PAIR_* in include/cn_ops.h.
 """
 
 from typing import NamedTuple
@@ -24,7 +24,7 @@ BF16 = np.dtype(bfloat16)
 
 
 class Pair(NamedTuple):
-    code: int          # kernel table index (CN_PAIR_* in cn_kernels.h)
+    code: int          # CN_PAIR_* in include/cn_ops.h
     x: np.dtype        # x, y, dy, dx
     param: np.dtype    # weight, bias
     stat: np.dtype     # mean, rstd

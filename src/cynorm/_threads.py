@@ -4,7 +4,7 @@ cynorm's kernels are OpenMP parallel regions. The default thread count is the
 OpenMP runtime's ``omp_get_max_threads()``, so the usual controls steer it:
 ``OMP_NUM_THREADS`` and ``threadpoolctl.threadpool_limits(n, user_api="openmp")``.
 ``num_threads=k`` on a call caps that call only. Small inputs run on the
-calling thread whatever is asked (see MIN_ELEMS_PER_THREAD in _kernels.pxi).
+calling thread whatever is asked (min_elems_per_thread in the policy, cynorm.explain()).
 """
 
 import operator

@@ -4,22 +4,22 @@
  * benchmarks/POLICY.md has the measurements behind each number.
  */
 #include <stddef.h>
+#include <stdint.h>
 
 #include "cn_policy.h"
 #include "cn_ops.h"
 
 /* An L3 this large is a mesh shared by many cores, which one core reads
- * slowly (the Xeon's 480 MB), unlike the 32 MB L3 of an AMD CCD. */
+ * slowly, unlike the 32 MB L3 of an AMD CCD. */
 #define CN_MESH_L3_BYTES ((int64_t)64 << 20)
 /* rows of short blocks taken together (kernels/cn_rowmath.h: SMALL_BLOCK) */
 #define CN_SMALL_BLOCK 16
 
 #define CN_TUNABLES_DEFAULT {                                                    \
     .min_elems_per_thread = 1 << 15, .oversubscribe = 0, .stream_min_bytes = 8 << 20,  \
-    .fresh_plain_row_bytes = -1, .fresh_plain_bwd_min = 2 << 10,                       \
-    .bwd_plain_min_bytes = 4 << 10, .long_row_bytes = 64 << 10, .long_group_bytes = -1, \
-    .short_group_bytes = 16 << 10, .medium_block_bytes = 32 << 10,                     \
-    .bwd_group_bytes = 256 << 10, .bwd_short_bytes = 16 << 10, .bwd_far_bytes = 32 << 10, \
+    .fresh_plain_row_bytes = -1, .bwd_plain_min_bytes = 4 << 10,                       \
+    .long_row_bytes = 64 << 10, .long_group_bytes = -1, .medium_block_bytes = 32 << 10, \
+    .bwd_group_bytes = 256 << 10, .bwd_far_bytes = -1,                                 \
     .prefetch_max = 8192, .prefetch_into_l2 = -1, .populate_bytes = 1 << 20,          \
     .part_cache_bytes = 256 << 10, .parts_in_a_bytes = -1, .bwd_a_by_chunk = -1,      \
     .prefetch_pieces = 1,                                                              \
@@ -49,7 +49,7 @@ cn_tunables cn_tunables_for(const cn_tunables *base, const cn_machine *m)
     cn_tunables t = *base;
     const int mesh = m->l3_bytes >= CN_MESH_L3_BYTES;
     /* long rows come from DRAM or L3 twice: a group is a sixteenth of the L3,
-     * within 8 MB (measured on 32 MB L3s) and 32 MB (16 rows of 2 MB) */
+     * within 8 MB and 32 MB (16 rows of 2 MB) */
     if (t.long_group_bytes < 0) t.long_group_bytes = min64(max64(m->l3_bytes / 16, 8 << 20), 32 << 20);
     /* one thread adds the partials in phase A while they stay in cache from one
      * pair of rows to the next: in L2 on a mesh, in the L3 elsewhere */
@@ -58,6 +58,8 @@ cn_tunables cn_tunables_for(const cn_tunables *base, const cn_machine *m)
     /* a fresh page's zeroed lines stay in cache on a mesh: plain stores reuse them */
     if (t.fresh_plain_row_bytes < 0) t.fresh_plain_row_bytes = mesh ? t.long_row_bytes : 0;
     if (t.prefetch_into_l2 < 0) t.prefetch_into_l2 = mesh;
+    /* the backward's far prefetch paid on a 32 MB L3 and cost 3-5% on a mesh */
+    if (t.bwd_far_bytes < 0) t.bwd_far_bytes = mesh ? INT64_MAX : 32 << 10;
     return t;
 }
 
@@ -133,7 +135,7 @@ static void forward_policy(const cn_tunables *t, const cn_call *c, int T, cn_pol
         p->group_rows = long_rows_per_group(t, row_bytes, T);
     } else {
         p->path = CN_PATH_ROWS;
-        p->group_rows = row_bytes * 4 <= t->short_group_bytes ? 4 : row_bytes * 2 <= t->short_group_bytes ? 2 : 1;
+        p->group_rows = 1;
     }
     p->prefetch_elems = min64(N, t->prefetch_max);
     if (populate) {
@@ -150,7 +152,7 @@ static void backward_policy(const cn_tunables *t, const cn_machine *m, const cn_
     const int64_t part_bytes = N * c->acc_size;
     const int k = c->grads;
     const int populate = p->stream && c->fresh;
-    if (populate && t->fresh_plain_bwd_min <= row_bytes && row_bytes <= t->fresh_plain_row_bytes) p->stream = 0;
+    if (populate && row_bytes <= t->fresh_plain_row_bytes) p->stream = 0;
     const int64_t B = p->block_rows = cn_block_rows(M, N, c->acc_size);
     const int64_t nb = (M + B - 1) / B;
     p->populate = populate ? CN_POPULATE_AHEAD : CN_POPULATE_NONE;
@@ -175,9 +177,7 @@ static void backward_policy(const cn_tunables *t, const cn_machine *m, const cn_
     }
     p->path = CN_PATH_ROWS;
     const int64_t RB = pair_bytes * 4 <= t->bwd_group_bytes ? 4 : pair_bytes * 2 <= t->bwd_group_bytes ? 2 : 1;
-    /* short rows: up to 16 take pass 1 before any takes pass 2, so that one
-     * row's reduction latency overlaps other rows' work */
-    p->group_rows = RB < 4 ? RB : pair_bytes * 16 <= t->bwd_short_bytes ? 16 : pair_bytes * 8 <= t->bwd_short_bytes ? 8 : 4;
+    p->group_rows = RB;
     p->prefetch_rows = c->x_size >= 4 && pair_bytes * p->group_rows >= t->bwd_far_bytes ? 2 * p->group_rows
                                                                                       : p->group_rows;
     /* aligned 32-bit rows with partials, where the level streams several rows
@@ -209,10 +209,8 @@ cn_policy cn_policy_for(const cn_machine *m, const cn_call *c)
 #define CN_FIELD(name) {#name, offsetof(cn_tunables, name)}
 static const struct { const char *name; size_t offset; } cn_tunable_fields[] = {
     CN_FIELD(min_elems_per_thread), CN_FIELD(oversubscribe), CN_FIELD(stream_min_bytes),
-    CN_FIELD(fresh_plain_row_bytes), CN_FIELD(fresh_plain_bwd_min), CN_FIELD(bwd_plain_min_bytes),
-    CN_FIELD(long_row_bytes), CN_FIELD(long_group_bytes), CN_FIELD(short_group_bytes),
-    CN_FIELD(medium_block_bytes), CN_FIELD(bwd_group_bytes), CN_FIELD(bwd_short_bytes),
-    CN_FIELD(bwd_far_bytes), CN_FIELD(prefetch_max), CN_FIELD(prefetch_into_l2), CN_FIELD(populate_bytes),
+    CN_FIELD(fresh_plain_row_bytes), CN_FIELD(bwd_plain_min_bytes), CN_FIELD(long_row_bytes),
+    CN_FIELD(long_group_bytes), CN_FIELD(medium_block_bytes), CN_FIELD(bwd_group_bytes), CN_FIELD(bwd_far_bytes), CN_FIELD(prefetch_max), CN_FIELD(prefetch_into_l2), CN_FIELD(populate_bytes),
     CN_FIELD(part_cache_bytes), CN_FIELD(parts_in_a_bytes), CN_FIELD(bwd_a_by_chunk), CN_FIELD(prefetch_pieces),
 };
 #undef CN_FIELD

@@ -1,9 +1,8 @@
 /* Large outputs on transparent huge pages.
  *
- * A fresh output's pages are faulted in and zeroed by the OS on first touch.
- * On 4 KiB pages that costs ~1.5 us per page on the machines we measure on
- * (0.4 ms per MiB: 1.4 ms for a 3.6 MB mean+rstd pair, more than the kernel
- * itself spends on some shapes); a 2 MiB huge page is zeroed in ~40 us. NumPy
+ * A fresh output's pages are faulted in and zeroed by the OS on first touch,
+ * which on 4 KiB pages can cost more than the kernel itself (numbers in
+ * benchmarks/NOTES.md); a 2 MiB huge page is far cheaper per byte. NumPy
  * advises huge pages for arrays >= 4 MiB, but its buffers do not start on a
  * 2 MiB boundary, so the partial 2 MiB regions at both ends stay on 4 KiB
  * pages, and smaller arrays never get them.
@@ -17,9 +16,7 @@
  * Recycling: a freed mapping is kept (at most CN_RECYCLE_SLOTS of them and
  * cn_recycle_limit bytes in all, oldest given back first) and handed to the
  * next output of the same mapped size. Its pages are already faulted in, so
- * that output costs what an out= array costs: measured, 1 thread, LayerNorm
- * forward over (64,128,56,56) C,H,W, fresh mapping -> recycled: fp32 28.6 ->
- * 16.0 ms, bf16 19.6 -> 14.3, fp16 15.7 -> 9.5. The common loop `y = f(x)`
+ * that output costs what an out= array costs. The common loop `y = f(x)`
  * frees the old y just after the new one is made, so one slot per shape is
  * enough. Memory that needs zeros (calloc) never comes from here. */
 #ifndef CN_ALLOC_H

@@ -35,10 +35,7 @@ static inline void cn_populate_write(void *dst, size_t bytes) { (void)dst; (void
  * pages: two threads faulting the same huge page would both zero a fresh
  * 2 MiB page, and the kernel would throw one away. The pages that start in
  * the range are dealt out evenly; thread 0 also takes the part before the
- * first of them (already faulted in with the previous group, as a rule).
- * Measured, backward team path, (64,128,56,56) allocating, 2 threads, A/B:
- * bf16 6.58-6.65 -> 5.95-6.04 ms, fp16 6.77 -> 6.03, fp32 12.69-12.81 ->
- * 10.98-13.21; the forward team path, (6,4000000) bf16, 17.0 -> 11.3. */
+ * first of them (already faulted in with the previous group, as a rule). */
 #define CN_SHARE_PAGE ((uintptr_t)CN_HUGE_PAGE)
 static inline uintptr_t cn_share_edge(uintptr_t lo, uintptr_t hi, int64_t t, int64_t T)
 {

@@ -20,16 +20,13 @@ typedef struct {
     int64_t oversubscribe;          /* 1: allow more threads than cores (CYNORM_OVERSUBSCRIBE) */
     int64_t stream_min_bytes;       /* outputs this large: non-temporal stores */
     int64_t fresh_plain_row_bytes;  /* -1: caches. Fresh outputs of rows up to this: plain stores */
-    int64_t fresh_plain_bwd_min;    /* ... the backward's from rows of this many bytes */
     int64_t bwd_plain_min_bytes;    /* fresh dx of 32-bit rows from this size, off the aligned route:
                                        faulted in slab by slab, plain stores */
     int64_t long_row_bytes;         /* longer rows: column chunks across a group of rows */
     int64_t long_group_bytes;       /* -1: the L3. Bytes of long rows taken as one group */
-    int64_t short_group_bytes;      /* forward rows grouped so x of a group stays in L1 */
     int64_t medium_block_bytes;     /* forward medium rows: a block's x */
     int64_t bwd_group_bytes;        /* backward rows through pass 1 together: x and dy */
-    int64_t bwd_short_bytes;        /* backward short rows all through pass 1 before pass 2 */
-    int64_t bwd_far_bytes;          /* backward 32-bit rows: prefetch two groups ahead from this */
+    int64_t bwd_far_bytes;          /* -1: caches. Backward 32-bit rows: prefetch two groups ahead from this */
     int64_t prefetch_max;           /* elements of the next row prefetched while one is finished */
     int64_t prefetch_into_l2;       /* -1: caches. Forward row paths prefetch into L2, not L1 */
     int64_t populate_bytes;         /* fresh outputs faulted in slabs of about this size */

@@ -1,8 +1,7 @@
 /* Per-thread scratch buffers that outlive a call.
  *
  * A fresh malloc of megabytes is fresh pages, which the OS faults in and
- * zeroes on first touch -- on every call (measured: bf16-param backward on
- * (64,128,56,56) at 2 threads took 11.8 ms, 9.3 ms with this). So each calling
+ * zeroes on first touch -- on every call. So each calling
  * thread keeps its buffers (grow-only, one per slot) until it exits.
  * Buffers above CN_SCRATCH_KEEP_MAX bytes are not kept. Without pthreads
  * (MSVC) every buffer is a plain malloc/free.

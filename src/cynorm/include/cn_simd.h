@@ -354,8 +354,7 @@ CN_INLINE __m128i cn_vf_to_bf16_bits(cn_vf v)
     return _mm256_castsi256_si128(r);
 }
 /* Two vectors at once (16 bf16, in order): one pack and one permute for both, and
- * the exact path only when a lane needs it -- in the kernels' store loops this
- * took a bf16 normalizing pass from ~8.5 to ~5.6 cycles per 8 elements. */
+ * the exact path only when a lane needs it (a third less time per element). */
 CN_INLINE __m256i cn_vf2_to_bf16_bits(cn_vf a, cn_vf b)
 {
     __m256 odd = _mm256_or_ps(cn_bf16_unusual(a), cn_bf16_unusual(b));
@@ -511,13 +510,10 @@ CN_PAIR_STORES(cn_vf, bf16, cn_bf16, CN_VF_LANES)
 /* ------------------------------------- non-temporal partial vectors -- */
 /* The first n lanes of a vector, written with non-temporal stores: the partial
  * vectors at both ends of a streamed row, whose cache lines the neighbouring
- * rows' streams also write. A plain store to such a line costs a round trip
- * to DRAM (the line is pulled in, then evicted by the next streaming store):
- * fp32 rows of 256 into an output 16 bytes off a 32-byte boundary, as NumPy
- * allocates, took 24 instead of 10 cycles per 8 elements. 4-byte MOVNTI
- * pieces; p is element-aligned (stream_peel). A 2-byte element off a 4-byte
- * boundary takes a plain store; the drivers stream 16-bit rows only where
- * they need no pieces at all (_streams in _kernels.pxi). */
+ * rows' streams also write: a plain store to such a line costs a round trip
+ * to DRAM. 4-byte MOVNTI pieces; p is element-aligned (stream_peel). A 2-byte
+ * element off a 4-byte boundary takes a plain store; the policy streams 16-bit
+ * rows only where they need no pieces at all (core/policy.c). */
 CN_INLINE void cn_stream_bytes(void *dst, const void *src, size_t nbytes)
 {
     char *d = (char *)dst;

@@ -133,8 +133,7 @@ CN_INLINE int block_scalars(const cn_fwd_args *a, int64_t r0, int64_t nrows, dou
 {
     int64_t i;
     int odd = 0;
-    /* two loops: the compiler vectorizes each, not the two fused (measured:
-     * rows of 56, 1 thread, from L2: 47.5 -> 42 cycles a row for bf16) */
+    /* two loops: the compiler vectorizes each, not the two fused */
     for (i = 0; i < nrows; i++) {
         at lo;
         split_mean((double)pv[i], dd[i], &mh[i], &lo);
@@ -245,16 +244,12 @@ static void fwd_small(const cn_fwd_args *a, int64_t r0, int64_t r1)
 
 /* ----------------------------------------------- forward: medium rows -- */
 
-/* Rows longer than SMALL_MAX, of at most CN_MED_ROW_BYTES, a block of up to
- * SMALL_BLOCK rows (pol->group_rows) at a time,
- * in the small-row kernel's phases: per-row sums reduced a block at a time,
- * one vectorizable rstd loop, then the normalizing passes, rereading the rows
- * from L1/L2. Row by row, each row waited on its own sum -> sqrt -> normalize
- * chain (~200 cycles, measured); here rows overlap. A row's arithmetic never
- * depends on its block. LayerNorm: one-pass moments where block_onepass
- * accepts them, as for small rows. (With a two-pass there, rows beyond
- * 1.5-2 KB lost more to the extra pass than they gained; with one pass,
- * harness, fp32/bf16, from DRAM: rows of 1024 -2/-5%, of 2048 -2/-2%.) */
+/* Rows longer than SMALL_MAX, of at most CN_MED_ROW_BYTES, pol->group_rows
+ * at a time in the small-row kernel's phases: per-row sums reduced a block at
+ * a time, one vectorizable rstd loop, then the normalizing passes from L1/L2,
+ * so that rows overlap their sum -> sqrt -> normalize chains. A row's
+ * arithmetic never depends on its block. LayerNorm: one-pass moments where
+ * block_onepass accepts them, as for small rows. */
 CN_INLINE void fwd_med_block(const cn_fwd_args *a, int64_t r0, const int64_t nrows, const int center,
                                  double inv_n)
 {
@@ -335,9 +330,8 @@ static void fwd_long(const cn_fwd_args *a, int64_t r0, int64_t r1)
     if (a->pol->stream) cn_stream_fence();
 }
 
-/* Rows of a few chunks, pol->group_rows at a time: the stats of the whole
- * group first, so one row's sqrt/divide chain overlaps the next row's pass 1,
- * then each row's normalizing pass from cache, prefetching the next group. */
+/* Rows of a few chunks, pol->group_rows at a time: the stats of the group
+ * first, then each row's normalizing pass from cache, prefetching the next. */
 static void fwd_chunked(const cn_fwd_args *a, int64_t r0, int64_t r1)
 {
     const int64_t N = a->N, RB = a->pol->group_rows;
