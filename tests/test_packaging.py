@@ -70,3 +70,53 @@ def test_recipe_agrees_with_pyproject():
 def test_version_single_source():
     meta = _pyproject()["project"]
     assert "version" in meta.get("dynamic", []), "pyproject must read the version from cynorm._version"
+
+
+RECIPE_V1 = os.path.join(ROOT, "recipe", "recipe.yaml")
+
+
+@needs_sources
+def test_conda_recipe_follows_conda_forge_rules():
+    """meta.yaml: the OpenMP runtime in host as well as build, an unpinned numpy
+    in host, pip check and an OpenMP check in the tests, a build that fails
+    without OpenMP, and the release source only (no local-file switch)."""
+    _, _, text = _recipe()
+    host = re.search(r"\n  host:\n((?:    - .*\n)+)", text).group(1)
+    build = re.search(r"\n  build:\n((?:    - .*\n)+)", text).group(1)
+    for runtime, selector in (("libgomp", "linux"), ("llvm-openmp", "osx")):
+        for section in (host, build):
+            assert re.search(rf"- {runtime}\s+# \[{selector}\]", section), (runtime, section)
+    assert re.search(r"\n    - numpy\n", host), "numpy in host must be unpinned"
+    assert "pip check" in text and "show_config()['openmp']" in text
+    assert "-Dopenmp=enabled" in text
+    assert "file://" not in text and "CYNORM_SDIST" not in text
+
+
+@needs_sources
+def test_v1_recipe_renders_for_native_and_cross_targets():
+    """recipe.yaml (rattler-build's v1 format), rendered offline for a native and
+    two cross targets: the same dependencies and tests as meta.yaml and pyproject."""
+    rb = pytest.importorskip("rattler_build", reason="py-rattler-build (in the [test] extra) is not installed")
+    from rattler_build.render import RenderConfig
+    from rattler_build.tool_config import PlatformConfig
+
+    recipe = rb.Stage0Recipe.from_file(RECIPE_V1)
+    assert recipe.to_dict()["build"]["skip"] == ['match(python, "<3.10")']
+    meta = _pyproject()["project"]
+    variants = rb.VariantConfig({"python": ["3.12"], "c_stdlib": ["sysroot"], "c_stdlib_version": ["2.17"]})
+    for target, runtime in (("linux-64", "libgomp"), ("linux-aarch64", "libgomp"), ("osx-arm64", "llvm-openmp")):
+        (rendered,) = recipe.render(variants, RenderConfig(platform=PlatformConfig(target_platform=target)))
+        d = rendered.recipe.to_dict()
+        from cynorm._version import __version__
+        assert d["package"] == {"name": meta["name"], "version": __version__}
+        req = d["requirements"]
+        assert runtime in req["build"] and runtime in req["host"], (target, req)
+        assert "numpy" in req["host"]
+        cross = target != "linux-64"
+        assert (f"cross-python_{target}" in req["build"]) == cross, (target, req["build"])
+        assert {_norm(r) for r in req["run"] if r != "python"} == {_norm(r) for r in meta["dependencies"]}
+        assert "-Dopenmp=enabled" in d["build"]["script"]
+        assert all(not s["url"].startswith("file:") for s in d["source"])
+        scripts = [line for t in d["tests"] for line in t.get("script", [])]
+        assert any("show_config()['openmp']" in line for line in scripts)
+        assert any(t.get("python", {}).get("pip_check", True) for t in d["tests"] if "python" in t)
