@@ -5,6 +5,11 @@
     python benchmarks/bench.py roofline [--threads N] [--aligned] [--json F]
     python benchmarks/bench.py scaling --threads 1,2,4,8 [--quick] --json F --plot P.png
 
+seed and roofline take --baseline-python PY: a second cynorm worker runs under
+that interpreter (another build, e.g. the commit before a change), alternating
+with this one round by round, and the tables add its times and the speed ratio
+(baseline time / this build's time: above 1, this build is faster).
+
 Each library runs in its own worker process (two OpenMP runtimes in one process
 disturb each other); the parent walks the cells and asks every worker in turn,
 so each cell's numbers are taken side by side. Times are medians after
@@ -307,14 +312,15 @@ def _measure(workers, req, libs):
 
 
 class Worker:
-    def __init__(self, lib):
+    def __init__(self, lib, python=None):
         env = dict(os.environ)
         env.setdefault("OPENBLAS_NUM_THREADS", "1")  # idle BLAS pools must not steal cores
         env.setdefault("MKL_NUM_THREADS", "1")
         if lib == "torch":
             env["THP_MEM_ALLOC_ENABLE"] = "1"
         self.lib = lib
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "_worker", lib],
+        self.proc = subprocess.Popen([python or sys.executable, os.path.abspath(__file__), "_worker",
+                                      "cynorm" if lib == "cynorm_base" else lib],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         hello = json.loads(self.proc.stdout.readline() or '{"unavailable": "worker died"}')
         self.available = "ready" in hello
@@ -380,9 +386,18 @@ def _axes_name(shape, axis):
     return "last" if axis == len(shape) - 1 else "chw" if axis == 1 else f"axis={axis}"
 
 
+def _workers(libs, args):
+    workers = {lib: Worker(lib) for lib in libs}
+    if getattr(args, "baseline_python", None):
+        workers["cynorm_base"] = Worker("cynorm_base", args.baseline_python)
+        if not workers["cynorm_base"].available:
+            raise SystemExit(f"the baseline worker did not start: {workers['cynorm_base'].info}")
+    return workers
+
+
 def cmd_seed(args):
     libs = ["cynorm", "numpy"] + ([] if args.no_torch else ["torch"])
-    workers = {lib: Worker(lib) for lib in libs}
+    workers = _workers(libs, args)
     if "torch" in workers and not workers["torch"].available:
         _progress(f"torch not available ({workers['torch'].info.get('unavailable')}): torch columns left empty")
     cells = cells_for(args)
@@ -408,6 +423,10 @@ def cmd_seed(args):
                 c = res["cynorm"].get(d)
                 t = res.get("torch", {}).get(d)
                 f = res["numpy"].get(d)
+                base = res.get("cynorm_base", {}).get(d)
+                if "cynorm_base" in res:
+                    row[f"{d}_base_ms"] = base * 1e3 if base else None
+                    row[f"{d}_ab"] = (base / c) if (base and c) else None
                 row[f"{d}_cynorm_ms"] = c * 1e3 if c else None
                 row[f"{d}_torch_ms"] = t * 1e3 if t else None
                 row[f"{d}_speedup"] = (t / c) if (c and t) else None
@@ -419,8 +438,11 @@ def cmd_seed(args):
             w.close()
     meta = {"command": "seed", "threads": args.threads, "norm": args.norm, "machine": _machine(),
             "aligned": args.aligned,
-            "cynorm": workers["cynorm"].info, "torch": workers.get("torch").info if "torch" in workers else None}
+            "cynorm": workers["cynorm"].info, "torch": workers.get("torch").info if "torch" in workers else None,
+            "baseline": workers["cynorm_base"].info if "cynorm_base" in workers else None}
     _print_seed(rows, meta)
+    if "cynorm_base" in workers:
+        _print_ab(rows, meta, [("fwd", "fwd_cynorm_ms"), ("bwd", "bwd_cynorm_ms")])
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
@@ -458,8 +480,33 @@ def _print_seed(rows, meta):
         print(f"Tiny cells vs torch: min speedup {min(tiny):.2f}x, geometric mean {_geomean(tiny):.2f}x.")
 
 
+def _print_ab(rows, meta, directions):
+    """This build against the baseline build, cell by cell (seed or roofline rows)."""
+    base = meta.get("baseline") or {}
+    print(f"\n### A/B: this build ({meta['cynorm'].get('version')}) against the baseline build "
+          f"({base.get('config', {}).get('isa')}), {rows[0]['threads']} thread(s), alternating rounds\n")
+    print("speed = baseline time / this build's time (above 1: this build is faster).\n")
+    print("| shape | axes | mode | " + " | ".join(f"{d} ms | {d} base ms | {d} speed" for d, _ in directions) + " |")
+    print("|---|---|---|" + "---:|---:|---:|" * len(directions))
+    ratios, large = [], []
+    for r in rows:
+        cells = []
+        for d, key in directions:
+            new, old, ab = r.get(key), r.get(f"{d}_base_ms"), r.get(f"{d}_ab")
+            cells.append(f"{_fmt(new)} | {_fmt(old)} | {_fmt(ab, 3)}")
+            if ab:
+                ratios.append(ab)
+                if r.get("elements", LARGE) >= LARGE:
+                    large.append((ab, f"{tuple(r['shape'])} {r['axes']} {r['mode']} {d}"))
+        print(f"| {tuple(r['shape'])} | {r['axes']} | {r['mode']} | " + " | ".join(cells) + " |")
+    if ratios:
+        worst = min(large) if large else (None, "")
+        print(f"\nA/B: geometric-mean speed {_geomean(ratios):.3f} over {len(ratios)} cells; "
+              f"lowest large cell {worst[0]:.3f} ({worst[1]}).")
+
+
 def cmd_roofline(args):
-    workers = {lib: Worker(lib) for lib in ("cynorm", "numpy")}
+    workers = _workers(("cynorm", "numpy"), args)
     shapes = [tuple(s) for s in args.shapes] if args.shapes else [(64, 128, 56, 56), (4096, 4096)]
     rows = []
     try:
@@ -470,17 +517,23 @@ def cmd_roofline(args):
                 req = {"shape": shape, "axis": axis, "mode": mode, "threads": args.threads, "norm": args.norm,
                        "budget": 0.5, "directions": ["fwd", "bwd"], "prealloc": True,
                        "aligned": args.aligned}
-                got = _measure(workers, req, ["cynorm", "numpy"])
+                got = _measure(workers, req, list(workers))
                 c, f = got["cynorm"], got["numpy"]
                 itemsize = 2 if MODES[mode][0] in ("bfloat16", "float16") else 4
                 nbytes = math.prod(shape) * itemsize
                 copy_bw = 2 * nbytes / f["copy_prealloc"] / 1e9
                 fwd_bw = 2 * nbytes / c["fwd"] / 1e9
                 bwd_bw = 3 * nbytes / c["bwd"] / 1e9
-                rows.append({"shape": list(shape), "axes": _axes_name(shape, axis), "mode": mode,
-                             "threads": args.threads, "copy_GBps": copy_bw,
-                             "fwd_ms": c["fwd"] * 1e3, "fwd_GBps": fwd_bw, "fwd_frac": fwd_bw / copy_bw,
-                             "bwd_ms": c["bwd"] * 1e3, "bwd_GBps": bwd_bw, "bwd_frac": bwd_bw / copy_bw})
+                row = {"shape": list(shape), "axes": _axes_name(shape, axis), "mode": mode,
+                       "threads": args.threads, "copy_GBps": copy_bw, "elements": math.prod(shape),
+                       "fwd_ms": c["fwd"] * 1e3, "fwd_GBps": fwd_bw, "fwd_frac": fwd_bw / copy_bw,
+                       "bwd_ms": c["bwd"] * 1e3, "bwd_GBps": bwd_bw, "bwd_frac": bwd_bw / copy_bw}
+                if "cynorm_base" in got:
+                    b = got["cynorm_base"]
+                    for d in ("fwd", "bwd"):
+                        row[f"{d}_base_ms"] = b[d] * 1e3
+                        row[f"{d}_ab"] = b[d] / c[d]
+                rows.append(row)
     finally:
         for w in workers.values():
             w.close()
@@ -495,6 +548,9 @@ def cmd_roofline(args):
         print(f"| {tuple(r['shape'])} | {r['axes']} | {r['mode']} | {r['copy_GBps']:.1f} | {r['fwd_ms']:.2f} | "
               f"{r['fwd_GBps']:.1f} | {r['fwd_frac']:.2f} | {r['bwd_ms']:.2f} | {r['bwd_GBps']:.1f} | "
               f"{r['bwd_frac']:.2f} |")
+    if "cynorm_base" in workers:
+        _print_ab(rows, {"cynorm": workers["cynorm"].info, "baseline": workers["cynorm_base"].info},
+                  [("fwd", "fwd_ms"), ("bwd", "bwd_ms")])
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"meta": {"command": "roofline", "machine": _machine()}, "rows": rows}, f, indent=1)
@@ -622,6 +678,8 @@ def main(argv=None):
     r = sub.add_parser("roofline", help="GB/s with out= preallocated, against a NumPy copy")
     common(r)
     r.add_argument("--threads", type=int, default=1)
+    for sp in (s, r):
+        sp.add_argument("--baseline-python", help="A/B: also time the cynorm installed for this interpreter")
 
     c = sub.add_parser("scaling", help="thread-scaling experiment")
     common(c)

@@ -128,3 +128,29 @@ def test_outputs_overlapping_inputs_are_safe(rng):
     dx, dw, db = cynorm.layer_norm_backward(dys, x, m0, r0, ws, out=(dys, ws, None))   # dx over dy, dweight over w
     assert dx is dys and dw is ws
     assert np.array_equal(dx, dx0) and np.array_equal(dw, dw0) and np.array_equal(db, db0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_unaligned_out_is_written_plainly(dtype, rng):
+    """An out= array whose data is not aligned to its element size (a view into
+    a byte buffer) cannot take non-temporal stores: the policy writes it with
+    plain stores, and the results are those of an aligned output."""
+    from cynorm import _isa
+    x = rng.standard_normal((33, 1031)).astype(dtype)
+    dy = rng.standard_normal((33, 1031)).astype(dtype)
+    want_y, mean, rstd = cynorm.layer_norm_forward(x)
+    want_dx = cynorm.layer_norm_backward(dy, x, mean, rstd)[0]
+    old = _isa.kernels._policy("stream_min_bytes", 0)
+    try:
+        for T in (1, 2):
+            buf = np.zeros(x.nbytes + 1, np.uint8)
+            y = buf[1:].view(dtype).reshape(x.shape)
+            assert not y.flags.aligned
+            assert cynorm.explain(x, out=y)["stream"] is False
+            assert cynorm.explain(x, out=np.empty_like(x))["stream"] is True
+            cynorm.layer_norm(x, out=y, num_threads=T)
+            assert np.array_equal(y, want_y)
+            cynorm.layer_norm_backward(dy, x, mean, rstd, out=y, num_threads=T)
+            assert np.array_equal(y, want_dx)
+    finally:
+        _isa.kernels._policy("stream_min_bytes", old)

@@ -183,6 +183,17 @@ _FAST_PAIRS = {(x.num, -1 if p is None else p.num): (pair.code, pair.stat.num)
                for (x, p), pair in _PAIR_CACHE.items()}
 
 
+#: the outputs each function returns (the single-array out= is the first)
+_Y = ("y",)
+_Y_MEAN_RSTD = ("y", "mean", "rstd")
+_Y_RSTD = ("y", "rstd")
+_DX_DW_DB = ("dx", "dweight", "dbias")
+_DX_DW = ("dx", "dweight")
+#: outputs that may be an input itself: y may be x; dx may be dy or x ((input, output) indices)
+_Y_IN_PLACE = frozenset({(0, 0)})
+_DX_IN_PLACE = frozenset({(0, 0), (1, 0)})
+
+
 def _new(maker, shape, dtype):
     """A new output, and whether its pages are still to be faulted in (a recycled
     huge-page output has them in already)."""
@@ -190,10 +201,21 @@ def _new(maker, shape, dtype):
     return arr, not (maker is _huge_empty and _alloc.last_recycled())
 
 
+def _given(out, names, specs):
+    """The out= tuple as {name: checked array or None}; specs: name -> (shape, dtype, other shape)."""
+    arrays, labels = _outputs.unpack(out, names)
+    given = {}
+    for name, arr, label in zip(names, arrays, labels):
+        given[name] = None if arr is None else _outputs.check(arr, label, *specs[name])
+    if sum(a is not None for a in arrays) > 1:
+        _outputs.check_disjoint(arrays, labels)
+    return given
+
+
 def _forward(x, weight, bias, axis, eps, num_threads, out, center, names):
     """names: the outputs the caller returns, in order (y, then mean and/or rstd)."""
     if out is None:   # the common small call, checked and run in C (None: anything else)
-        done = _isa.kernels.forward_small(x, weight, bias, axis, eps, num_threads, center, len(names) > 1,
+        done = _isa.kernels.forward_small(x, weight, bias, axis, eps, num_threads, center, names is not _Y,
                                           _FAST_PAIRS)
         if done is not None:
             return done
@@ -202,24 +224,25 @@ def _forward(x, weight, bias, axis, eps, num_threads, out, center, names):
     pair, weight, bias = _params(x.dtype, norm_shape, weight, bias)
     eps = _eps(eps)
     T = resolve_num_threads(num_threads)
-    given = {"y": None, "mean": None, "rstd": None}
+    y = mean = rstd = None
     if out is not None:
-        arrays, labels = _outputs.unpack(out, names)
-        for name, arr, label in zip(names, arrays, labels):
-            if arr is not None:
-                shape, dtype = (x.shape, pair.x) if name == "y" else (stat_shape, pair.stat)
-                given[name] = _outputs.check(arr, label, shape, dtype, x.shape[:ax] if name != "y" else None)
-        _outputs.check_disjoint(arrays, labels)
-        x, weight, bias = _outputs.protect((x, weight, bias), list(given.values()), in_place={(0, 0)})
+        if type(out) is _ndarray:   # the single-array form: y
+            y = _outputs.check(out, "out", x.shape, pair.x)
+        else:
+            stat = (stat_shape, pair.stat, x.shape[:ax])
+            got = _given(out, names, {"y": (x.shape, pair.x, None), "mean": stat, "rstd": stat})
+            y, mean, rstd = got.get("y"), got.get("mean"), got.get("rstd")
+        x, weight, bias = _outputs.protect((x, weight, bias), (y, mean, rstd), _Y_IN_PLACE)
     if not x.flags.c_contiguous:
         x = np.ascontiguousarray(x)
     new_y, new_stat = _makers(M * N, pair.x, M, pair.stat)
-    y, fresh = (given["y"], False) if given["y"] is not None else _new(new_y, x.shape, pair.x)
-    mean = rstd = None
-    if center and "mean" in names:
-        mean = given["mean"] if given["mean"] is not None else new_stat(stat_shape, pair.stat)
-    if "rstd" in names:
-        rstd = given["rstd"] if given["rstd"] is not None else new_stat(stat_shape, pair.stat)
+    fresh = False
+    if y is None:
+        y, fresh = _new(new_y, x.shape, pair.x)
+    if mean is None and center and names is not _Y:
+        mean = new_stat(stat_shape, pair.stat)
+    if rstd is None and names is not _Y:
+        rstd = new_stat(stat_shape, pair.stat)
     if M:
         _isa.kernels.forward(pair.code, center, x, y, weight, bias, mean, rstd, M, N, eps, T, fresh)
     return y, mean, rstd
@@ -240,32 +263,33 @@ def _backward(dy, x, mean, rstd, weight, axis, num_threads, out, center, names):
         mean = _stats(mean, "mean", x.shape, stat_shape, ax, pair.stat)
     rstd = _stats(rstd, "rstd", x.shape, stat_shape, ax, pair.stat)
     T = resolve_num_threads(num_threads)
-    given = {"dx": None, "dweight": None, "dbias": None}
+    dx = dweight = dbias = None
     if out is not None:
-        arrays, labels = _outputs.unpack(out, names)
-        for name, arr, label in zip(names, arrays, labels):
-            if arr is None:
-                continue
-            if name == "dx":
-                given[name] = _outputs.check(arr, label, x.shape, pair.x)
-            elif weight is None:
-                raise ValueError(f"cynorm: {label} is given but there is no weight, so no {name} to write")
-            else:
-                given[name] = _outputs.check(arr, label, norm_shape, pair.grad)
-        _outputs.check_disjoint(arrays, labels)
-        dy, x, mean, rstd, weight = _outputs.protect((dy, x, mean, rstd, weight), list(given.values()),
-                                                     in_place={(0, 0), (1, 0)})
+        if type(out) is _ndarray:   # the single-array form: dx
+            dx = _outputs.check(out, "out", x.shape, pair.x)
+        else:
+            grad = (norm_shape, pair.grad, None)
+            got = _given(out, names, {"dx": (x.shape, pair.x, None), "dweight": grad, "dbias": grad})
+            dx, dweight, dbias = got.get("dx"), got.get("dweight"), got.get("dbias")
+            if weight is None and (dweight is not None or dbias is not None):
+                raise ValueError(f"cynorm: out[{1 if dweight is not None else 2}] "
+                                 f"({'dweight' if dweight is not None else 'dbias'}) is given but there is no "
+                                 f"weight, so no {'dweight' if dweight is not None else 'dbias'} to write")
+        dy, x, mean, rstd, weight = _outputs.protect((dy, x, mean, rstd, weight), (dx, dweight, dbias),
+                                                     _DX_IN_PLACE)
     if not x.flags.c_contiguous:
         x = np.ascontiguousarray(x)
     if not dy.flags.c_contiguous:
         dy = np.ascontiguousarray(dy)
     new_dx, new_grad = _makers(M * N, pair.x, N, pair.grad)
-    dx, fresh = (given["dx"], False) if given["dx"] is not None else _new(new_dx, x.shape, pair.x)
-    dweight = dbias = None
+    fresh = False
+    if dx is None:
+        dx, fresh = _new(new_dx, x.shape, pair.x)
     if weight is not None:
-        dweight = given["dweight"] if given["dweight"] is not None else new_grad(norm_shape, pair.grad)
-        if center:
-            dbias = given["dbias"] if given["dbias"] is not None else new_grad(norm_shape, pair.grad)
+        if dweight is None:
+            dweight = new_grad(norm_shape, pair.grad)
+        if center and dbias is None:
+            dbias = new_grad(norm_shape, pair.grad)
     _isa.kernels.backward(pair.code, center, dy, x, mean, rstd, weight, dx, dweight, dbias, M, N, T, fresh)
     return dx, dweight, dbias
 
@@ -286,7 +310,7 @@ def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, num_threads=None
     independently) have shape ``x.shape[axis:]``. The variance is biased.
     Returns y with x's dtype (written into ``out`` when given; ``out`` may be x).
     """
-    return _forward(x, weight, bias, axis, eps, num_threads, out, True, ("y",))[0]
+    return _forward(x, weight, bias, axis, eps, num_threads, out, True, _Y)[0]
 
 
 def layer_norm_forward(x, weight=None, bias=None, *, axis=-1, eps=1e-5, num_threads=None, out=None):
@@ -298,7 +322,7 @@ def layer_norm_forward(x, weight=None, bias=None, *, axis=-1, eps=1e-5, num_thre
     (any may be None) writes them into given arrays; mean and rstd may also
     have the squeezed shape ``x.shape[:axis]``.
     """
-    return _forward(x, weight, bias, axis, eps, num_threads, out, True, ("y", "mean", "rstd"))
+    return _forward(x, weight, bias, axis, eps, num_threads, out, True, _Y_MEAN_RSTD)
 
 
 def layer_norm_backward(dy, x, mean, rstd, weight=None, *, axis=-1, num_threads=None, out=None):
@@ -309,27 +333,27 @@ def layer_norm_backward(dy, x, mean, rstd, weight=None, *, axis=-1, num_threads=
     or ``out=(dx, dweight, dbias)`` (any may be None).
     dweight/dbias are bit-identical for any ``num_threads``.
     """
-    return _backward(dy, x, mean, rstd, weight, axis, num_threads, out, True, ("dx", "dweight", "dbias"))
+    return _backward(dy, x, mean, rstd, weight, axis, num_threads, out, True, _DX_DW_DB)
 
 
 # --------------------------------------------------------------- RMSNorm --
 
 def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, num_threads=None, out=None):
     """RMSNorm over ``x.shape[axis:]``: ``x / sqrt(mean(x**2) + eps) * weight``."""
-    return _forward(x, weight, None, axis, eps, num_threads, out, False, ("y",))[0]
+    return _forward(x, weight, None, axis, eps, num_threads, out, False, _Y)[0]
 
 
 def rms_norm_forward(x, weight=None, *, axis=-1, eps=1e-6, num_threads=None, out=None):
     """RMSNorm that also returns ``rstd = 1/sqrt(mean(x**2) + eps)``: ``(y, rstd)``;
     ``out=(y, rstd)`` (either may be None)."""
-    y, _, rstd = _forward(x, weight, None, axis, eps, num_threads, out, False, ("y", "rstd"))
+    y, _, rstd = _forward(x, weight, None, axis, eps, num_threads, out, False, _Y_RSTD)
     return y, rstd
 
 
 def rms_norm_backward(dy, x, rstd, weight=None, *, axis=-1, num_threads=None, out=None):
     """Gradients of RMSNorm: ``(dx, dweight)``; dweight is None when weight is None.
     ``out`` receives dx, or ``out=(dx, dweight)``."""
-    dx, dweight, _ = _backward(dy, x, None, rstd, weight, axis, num_threads, out, False, ("dx", "dweight"))
+    dx, dweight, _ = _backward(dy, x, None, rstd, weight, axis, num_threads, out, False, _DX_DW)
     return dx, dweight
 
 

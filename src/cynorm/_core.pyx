@@ -75,6 +75,7 @@ cdef extern from "cn_policy.h" nogil:
         int64_t l2_bytes
         int64_t l3_bytes
         int multirow_stream
+        cn_tunables tuned
     ctypedef struct cn_call:
         int backward
         int64_t M
@@ -84,7 +85,7 @@ cdef extern from "cn_policy.h" nogil:
         int64_t small_max
         int grads
         int requested_threads
-        int procs
+        int (*num_procs)() noexcept nogil
         int in_flight
         int in_parallel
         int openmp
@@ -123,6 +124,7 @@ cdef extern from "cn_policy.h" nogil:
     void cn_tunables_defaults(cn_tunables *t)
     cn_policy cn_policy_for(const cn_machine *m, const cn_call *c)
     cn_tunables cn_tunables_for(const cn_tunables *base, const cn_machine *m)
+    void cn_machine_update(cn_machine *m)
     int cn_threads_for(const cn_tunables *t, const cn_call *c)
     const char *cn_tunable_name(int i)
     int64_t *cn_tunable_slot(cn_tunables *t, int i)
@@ -281,6 +283,8 @@ cdef extern from *:
 cdef const cn_level_ops *LEVEL = NULL
 #: the machine the policy plans for: caches set by set_caches() (cynorm._isa), the level's traits
 cdef cn_machine MACHINE
+memset(&MACHINE, 0, sizeof(MACHINE))
+cn_machine_update(&MACHINE)
 
 
 cdef inline const cn_ops *cn_get_ops(int pair) noexcept nogil:
@@ -333,6 +337,7 @@ def use_level(str name):
         if cn_built_levels[i].name.decode() == name:
             LEVEL = cn_built_levels[i]
             MACHINE.multirow_stream = LEVEL.multirow_stream
+            cn_machine_update(&MACHINE)
             return
         i += 1
     raise ValueError(f"ISA level {name!r} is not in this build (built: {', '.join(compiled_levels())})")
@@ -368,11 +373,12 @@ cdef void _desc(cynorm_desc *d, int pair, bint center, int64_t M, int64_t N, dou
     d.flags = CYNORM_FRESH_OUTPUT if fresh else 0
 
 
-cdef inline void _check(int rc) except *:
+cdef inline int _check(int rc) except -1:
     if rc == CYNORM_ENOMEM:
         raise MemoryError(_c_error_string(rc).decode())
     if rc != CYNORM_OK:
         raise ValueError(_c_error_string(rc).decode())
+    return 0
 
 
 def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, object bias,
@@ -507,9 +513,21 @@ def forward_small(object x, object weight, object bias, object axis, object eps,
     cdef int code = entry[0], stat_num = entry[1]
     y = cnp.PyArray_EMPTY(nd, dims, cnp.PyArray_TYPE(xa), 0)
     mean = cnp.PyArray_EMPTY(nd, sdims, stat_num, 0) if center and want_stats else None
-    rstd = cnp.PyArray_EMPTY(nd, sdims, stat_num, 0)
-    forward(code, center, xa, y, weight, bias, mean, rstd, M, N, e,
-            omp_get_max_threads() if num_threads is None else num_threads, True)
+    rstd = cnp.PyArray_EMPTY(nd, sdims, stat_num, 0) if want_stats else None
+    cdef cynorm_desc d
+    cdef cynorm_fwd_bufs b
+    _desc(&d, code, center, M, N, e, 0 if num_threads is None else <int>num_threads,
+          weight is not None or bias is not None, True)
+    b.x = cnp.PyArray_DATA(xa)
+    b.y = cnp.PyArray_DATA(<cnp.ndarray>y)
+    b.weight = _data(weight)
+    b.bias = _data(bias)
+    b.mean = _data(mean)
+    b.rstd = _data(rstd)
+    cdef int rc
+    with nogil:
+        rc = _c_forward(&d, &b)
+    _check(rc)
     return y, mean, rstd
 
 
@@ -532,6 +550,7 @@ def set_caches(int64_t l2_bytes, int64_t l3_bytes):
     """The machine's L2 (per core) and L3 sizes in bytes (0: unknown), read once by cynorm._isa."""
     MACHINE.l2_bytes = l2_bytes
     MACHINE.l3_bytes = l3_bytes
+    cn_machine_update(&MACHINE)
 
 
 def _tunable_index(str name):
@@ -545,7 +564,7 @@ def _tunable_index(str name):
 
 def tunables():
     """{name: value in use}, the cache-derived ones resolved for this machine."""
-    cdef cn_tunables t = cn_tunables_for(&cn_tune, &MACHINE)
+    cdef cn_tunables t = MACHINE.tuned
     cdef int i = 0
     out = {}
     while cn_tunable_name(i) != NULL:
@@ -559,16 +578,18 @@ def _policy(str name, int64_t value=-1):
 
     For tests and tuning only (benchmarks/tunables.py). None changes a bit."""
     cdef int i = _tunable_index(name)
-    cdef cn_tunables t = cn_tunables_for(&cn_tune, &MACHINE)
+    cdef cn_tunables t = MACHINE.tuned
     old = cn_tunable_slot(&t, i)[0]
     if value >= 0:
         cn_tunable_slot(&cn_tune, i)[0] = value
+        cn_machine_update(&MACHINE)
     return old
 
 
 def reset_policy():
     """Every tunable back to its default."""
     cn_tunables_defaults(&cn_tune)
+    cn_machine_update(&MACHINE)
 
 
 def cache_tunables(int64_t l2_bytes, int64_t l3_bytes, int64_t long_row_bytes):
@@ -626,11 +647,11 @@ def threads_for(int64_t elems, int requested, int in_flight=1):
     c.M = elems
     c.N = 1
     c.requested_threads = requested
-    c.procs = omp_get_num_procs()
+    c.num_procs = omp_get_num_procs
     c.in_flight = in_flight
     c.in_parallel = omp_in_parallel()
     c.openmp = CN_OPENMP
-    cdef cn_tunables t = cn_tunables_for(&cn_tune, &MACHINE)
+    cdef cn_tunables t = MACHINE.tuned
     return cn_threads_for(&t, &c)
 
 

@@ -252,7 +252,7 @@ cdef void _fill_call(cn_call *c, const cn_ops *ops, const cynorm_desc *d, int ba
     c.small_max = ops.small_max
     c.grads = 0
     c.requested_threads = d.num_threads if d.num_threads > 0 else omp_get_max_threads()
-    c.procs = omp_get_num_procs()
+    c.num_procs = omp_get_num_procs
     c.in_flight = in_flight
     c.in_parallel = omp_in_parallel()
     c.openmp = CN_OPENMP

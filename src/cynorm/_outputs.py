@@ -63,25 +63,31 @@ def _same(a, b):
 def check_disjoint(outputs, labels):
     """No two given outputs may share memory."""
     given = [(a, lab) for a, lab in zip(outputs, labels) if a is not None]
-    for i in range(len(given)):
-        for j in range(i + 1, len(given)):
+    for i in range(1, len(given)):
+        for j in range(i):
             if np.may_share_memory(given[i][0], given[j][0]):
-                raise ValueError(f"cynorm: {given[i][1]} and {given[j][1]} share memory; outputs must not overlap")
+                raise ValueError(f"cynorm: {given[j][1]} and {given[i][1]} share memory; outputs must not overlap")
+
+
+_may_share = np.may_share_memory
 
 
 def protect(inputs, outputs, in_place=()):
     """inputs with a C-contiguous copy of any that overlaps a given output;
     in_place holds (input index, output index) pairs that may be the very same
     array. Inputs that overlap nothing are returned as they are."""
-    given = [(k, a) for k, a in enumerate(outputs) if a is not None]
-    if not given:
-        return inputs
-    inputs = list(inputs)
-    for i, a in enumerate(inputs):
-        if a is None:
+    copied = None
+    for k, o in enumerate(outputs):
+        if o is None:
             continue
-        for k, o in given:
-            if (a is o or np.may_share_memory(a, o)) and not ((i, k) in in_place and _same(a, o)):
-                inputs[i] = np.array(a, order="C", copy=True)
-                break
+        for i, a in enumerate(inputs):
+            if a is None or not (a is o or _may_share(a, o)):
+                continue
+            if (i, k) in in_place and _same(a, o):
+                continue
+            if copied is None:
+                copied = list(inputs)
+            copied[i] = np.array(a, order="C", copy=True)
+        if copied is not None:
+            inputs = copied
     return inputs

@@ -82,9 +82,10 @@ int cn_threads_for(const cn_tunables *t, const cn_call *c)
     if (!c->openmp || requested <= 1) return 1;
     const int64_t cap = (c->M * c->N) / (t->min_elems_per_thread > 0 ? t->min_elems_per_thread : 1);
     if (cap <= 1 || c->in_parallel) return 1;
-    if (!t->oversubscribe && requested > c->procs) requested = c->procs;
+    const int procs = c->num_procs ? c->num_procs() : 1;
+    if (!t->oversubscribe && requested > procs) requested = procs;
     if (c->in_flight > 1) {
-        const int share = c->procs / c->in_flight;
+        const int share = procs / c->in_flight;
         if (requested >= share) requested = share > 1 ? share : 1;
     }
     return (int)min64(requested, cap);
@@ -95,6 +96,7 @@ int cn_threads_for(const cn_tunables *t, const cn_call *c)
 static int streams(const cn_tunables *t, const cn_call *c)
 {
     if (c->M * c->N * c->x_size < t->stream_min_bytes) return 0;
+    if (c->out_addr % c->x_size) return 0;   /* an output off its elements' alignment: plain stores */
     return c->x_size != 2 || (c->out_addr % 16 == 0 && c->N % 8 == 0);
 }
 
@@ -191,17 +193,22 @@ static void backward_policy(const cn_tunables *t, const cn_machine *m, const cn_
     }
 }
 
+void cn_machine_update(cn_machine *m)
+{
+    m->tuned = cn_tunables_for(&cn_tune, m);
+}
+
 cn_policy cn_policy_for(const cn_machine *m, const cn_call *c)
 {
-    const cn_tunables t = cn_tunables_for(&cn_tune, m);
+    const cn_tunables *t = &m->tuned;
     cn_policy p = {0};
-    const int T = cn_threads_for(&t, c);
-    p.stream = streams(&t, c);
+    const int T = cn_threads_for(t, c);
+    p.stream = streams(t, c);
     p.group_rows = 1;
     p.pass1_rows = 1;
     p.slab_rows = 1;
-    if (c->backward) backward_policy(&t, m, c, T, &p);
-    else forward_policy(&t, c, T, &p);
+    if (c->backward) backward_policy(t, m, c, T, &p);
+    else forward_policy(t, c, T, &p);
     return p;
 }
 

@@ -36,10 +36,12 @@ typedef struct {
     int64_t prefetch_pieces;        /* phase A by chunk, 16-bit rows: prefetch the next pair's piece */
 } cn_tunables;
 
-/* The machine as the policy sees it (read once, at import). */
+/* The machine as the policy sees it (read once, at import), with the
+ * tunables resolved for it (cn_machine_update, whenever either changes). */
 typedef struct {
     int64_t l2_bytes, l3_bytes;     /* 0: unknown */
     int multirow_stream;            /* the level streams several rows at once (AVX-512) */
+    cn_tunables tuned;              /* cn_tune with its cache-derived fields resolved */
 } cn_machine;
 
 /* One call as the policy sees it. */
@@ -50,7 +52,8 @@ typedef struct {
     int64_t small_max;              /* the level's in-register row limit */
     int grads;                      /* backward: 0, 1 (dweight), 2 (dweight and dbias) */
     int requested_threads;          /* >= 1 */
-    int procs;                      /* cores this process may use (omp_get_num_procs) */
+    int (*num_procs)(void);         /* cores this process may use (omp_get_num_procs: a system call,
+                                       so asked only when more than one thread is in question) */
     int in_flight;                  /* calls in this process right now, this one included */
     int in_parallel;                /* called from inside an OpenMP region */
     int openmp;                     /* built with OpenMP */
@@ -100,8 +103,10 @@ void cn_tunables_defaults(cn_tunables *t);
 /* The policy of one call, and the thread count it starts from. */
 cn_policy cn_policy_for(const cn_machine *m, const cn_call *c);
 int cn_threads_for(const cn_tunables *t, const cn_call *c);
-/* base with its cache-derived tunables (-1) resolved for machine m. */
+/* base with its cache-derived tunables (-1) resolved for machine m; and
+ * m->tuned = cn_tune resolved, after the caches, the level or cn_tune change. */
 cn_tunables cn_tunables_for(const cn_tunables *base, const cn_machine *m);
+void cn_machine_update(cn_machine *m);
 /* The i-th tunable's name (NULL past the last) and its field in t. */
 const char *cn_tunable_name(int i);
 int64_t *cn_tunable_slot(cn_tunables *t, int i);
