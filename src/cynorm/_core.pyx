@@ -279,6 +279,19 @@ cdef extern from *:
     const int CN_NUM_PAIRS
 
 
+cdef extern from *:
+    """
+    void cn_reference_forward(const float *x, int64_t n, const float *w, const float *b, double eps, int center,
+                              float *y, float *mean, float *rstd);
+    void cn_reference_backward(const float *dy, const float *x, int64_t n, const float *w, float mean, float rstd,
+                               int center, float *dx, double *dw, double *db);
+    """
+    void cn_reference_forward(const float *x, int64_t n, const float *w, const float *b, double eps, int center,
+                              float *y, float *mean, float *rstd) nogil
+    void cn_reference_backward(const float *dy, const float *x, int64_t n, const float *w, float mean, float rstd,
+                               int center, float *dx, double *dw, double *db) nogil
+
+
 #: the level in use: set by use_level() (cynorm._isa, after the CPU check)
 cdef const cn_level_ops *LEVEL = NULL
 #: the machine the policy plans for: caches set by set_caches() (cynorm._isa), the level's traits
@@ -663,6 +676,43 @@ def long_row_bytes():
 def small_row_limit(int pair):
     """Rows up to this length take the in-register kernels at the level in use."""
     return cn_get_ops(pair).small_max
+
+
+# --------------------------------------------------------------- reference --
+
+cdef inline const float *_f32(object a):
+    return NULL if a is None else <const float *>cnp.PyArray_DATA(<cnp.ndarray>a)
+
+
+def reference_forward(cnp.ndarray x, object weight, object bias, double eps, bint center):
+    """kernels/reference.c, the row math in plain scalar C, over the rows of a
+    2-D C-contiguous float32 x (for the tests): (y, mean, rstd)."""
+    import numpy as np
+    cdef int64_t M = x.shape[0], N = x.shape[1], i
+    y = np.empty_like(x)
+    mean = np.empty(M, np.float32)
+    rstd = np.empty(M, np.float32)
+    for i in range(M):
+        cn_reference_forward(_f32(x) + i * N, N, _f32(weight), _f32(bias), eps, center,
+                             <float *>cnp.PyArray_DATA(<cnp.ndarray>y) + i * N,
+                             <float *>cnp.PyArray_DATA(<cnp.ndarray>mean) + i,
+                             <float *>cnp.PyArray_DATA(<cnp.ndarray>rstd) + i)
+    return y, mean, rstd
+
+
+def reference_backward(cnp.ndarray dy, cnp.ndarray x, object mean, cnp.ndarray rstd, object weight, bint center):
+    """kernels/reference.c's backward over the rows (for the tests): (dx, dweight, dbias) in float64 sums."""
+    import numpy as np
+    cdef int64_t M = x.shape[0], N = x.shape[1], i
+    dx = np.empty_like(x)
+    dw = np.zeros(N, np.float64)
+    db = np.zeros(N, np.float64)
+    cdef const float *m = _f32(mean)
+    for i in range(M):
+        cn_reference_backward(_f32(dy) + i * N, _f32(x) + i * N, N, _f32(weight), m[i] if center else 0.0,
+                              _f32(rstd)[i], center, <float *>cnp.PyArray_DATA(<cnp.ndarray>dx) + i * N,
+                              <double *>cnp.PyArray_DATA(<cnp.ndarray>dw), <double *>cnp.PyArray_DATA(<cnp.ndarray>db))
+    return dx, dw, db
 
 
 # ------------------------------------------------------------- introspection --
