@@ -1,0 +1,270 @@
+# Declarations of _core: the C headers it uses (include/) and the small C
+# helpers it needs. Cython reads this file together with _core.pyx.
+
+from libc.stdint cimport int64_t, uint16_t, uintptr_t
+
+# Calls in flight in this process (all Python threads): concurrent callers share the cores.
+cdef extern from *:
+    """
+    #if defined(_MSC_VER) && !defined(__clang__)
+    #include <intrin.h>
+    static volatile long cn_in_flight = 0;
+    static int cn_enter_call(void) { return (int)_InterlockedIncrement(&cn_in_flight); }
+    static void cn_leave_call(void) { _InterlockedDecrement(&cn_in_flight); }
+    #else
+    static int cn_in_flight = 0;
+    static int cn_enter_call(void) { return __atomic_add_fetch(&cn_in_flight, 1, __ATOMIC_RELAXED); }
+    static void cn_leave_call(void) { __atomic_sub_fetch(&cn_in_flight, 1, __ATOMIC_RELAXED); }
+    #endif
+    """
+    int cn_enter_call() noexcept nogil
+    void cn_leave_call() noexcept nogil
+
+
+cdef extern from "cn_scratch.h" nogil:
+    # per-thread buffers kept between calls (slot 0: widened params, 2: block
+    # partials, 3: an rstd the caller does not want)
+    void *cn_scratch_get(int slot, size_t nbytes)
+    void cn_scratch_put(int slot, void *p)
+    void cn_populate_share(void *dst, size_t nbytes, int64_t t, int64_t T)
+    size_t cn_share_edge(size_t lo, size_t hi, int64_t t, int64_t T)
+
+
+cdef extern from "cn_policy.h" nogil:
+    ctypedef struct cn_tunables:
+        int64_t min_elems_per_thread
+        int64_t oversubscribe
+        int64_t stream_min_bytes
+        int64_t fresh_plain_row_bytes
+        int64_t bwd_plain_min_bytes
+        int64_t long_row_bytes
+        int64_t long_group_bytes
+        int64_t medium_block_bytes
+        int64_t bwd_group_bytes
+        int64_t bwd_far_bytes
+        int64_t prefetch_max
+        int64_t prefetch_into_l2
+        int64_t populate_bytes
+        int64_t part_cache_bytes
+        int64_t parts_in_a_bytes
+        int64_t bwd_a_by_chunk
+        int64_t prefetch_pieces
+    ctypedef struct cn_machine:
+        int64_t l2_bytes
+        int64_t l3_bytes
+        int multirow_stream
+        cn_tunables tuned
+    ctypedef struct cn_call:
+        int backward
+        int64_t M
+        int64_t N
+        int x_size
+        int acc_size
+        int64_t small_max
+        int grads
+        int requested_threads
+        int (*num_procs)() noexcept nogil
+        int in_flight
+        int in_parallel
+        int openmp
+        int fresh
+        uintptr_t out_addr
+        uintptr_t in_addr
+    ctypedef struct cn_policy:
+        int threads
+        int path
+        int stream
+        int populate
+        int64_t slab_rows
+        int prefetch_l2
+        int64_t prefetch_elems
+        int64_t group_rows
+        int64_t apply_chunk
+        int64_t pass1_rows
+        int64_t prefetch_rows
+        int late_parts
+        int team_parts
+        int prefetch_pieces
+        int64_t block_rows
+    enum:
+        CN_PATH_SMALL
+        CN_PATH_MEDIUM
+        CN_PATH_ROWS
+        CN_PATH_LONG
+        CN_PATH_TEAM
+        CN_POPULATE_NONE
+        CN_POPULATE_AHEAD
+        CN_POPULATE_SLABS
+        CN_PARTS_IN_PHASE_C
+        CN_PARTS_BY_PAIRS
+        CN_PARTS_BY_CHUNK
+    cn_tunables cn_tune
+    void cn_tunables_defaults(cn_tunables *t)
+    cn_policy cn_policy_for(const cn_machine *m, const cn_call *c)
+    cn_tunables cn_tunables_for(const cn_tunables *base, const cn_machine *m)
+    void cn_machine_update(cn_machine *m)
+    int cn_threads_for(const cn_tunables *t, const cn_call *c)
+    const char *cn_tunable_name(int i)
+    int64_t *cn_tunable_slot(cn_tunables *t, int i)
+
+
+cdef extern from "cn_ops.h" nogil:
+    const int CN_CHUNK
+
+    ctypedef struct cn_fwd_args:
+        const void *x
+        void *y
+        const void *w
+        const void *b
+        void *mean
+        void *rstd
+        int64_t M
+        int64_t N
+        double eps
+        int center
+        const cn_policy *pol
+
+    ctypedef struct cn_bwd_args:
+        const void *dy
+        const void *x
+        const void *mean
+        const void *rstd
+        const void *w
+        void *dx
+        int64_t M
+        int64_t N
+        int center
+        const cn_policy *pol
+
+    ctypedef struct cn_moments:
+        double n
+        double delta
+        double m2
+
+    ctypedef struct cn_row_stats:
+        double pivot
+        double delta
+        double rstd
+        int ok
+
+    ctypedef struct cn_ops:
+        int x_size
+        int p_size
+        int acc_size
+        int64_t small_max
+        void (*fwd_rows)(const cn_fwd_args *, int64_t, int64_t) noexcept nogil
+        void (*fwd_chunk)(const cn_fwd_args *, int64_t, int64_t, int64_t, cn_moments *) noexcept nogil
+        void (*fwd_finish)(const cn_fwd_args *, int64_t, const cn_moments *, cn_row_stats *) noexcept nogil
+        void (*fwd_apply)(const cn_fwd_args *, int64_t, int64_t, int64_t, int64_t, const cn_row_stats *) noexcept nogil
+        void (*bwd_rows)(const cn_bwd_args *, int64_t, int64_t, void *, void *) noexcept nogil
+        void (*bwd_chunk)(const cn_bwd_args *, int64_t, int, int64_t, int64_t, double *, double *,
+                          int64_t, void *, void *, int, int64_t, int64_t) noexcept nogil
+        void (*bwd_apply)(const cn_bwd_args *, int64_t, int64_t, int64_t, int64_t, const double *, void *, void *,
+                          int64_t) noexcept nogil
+        void (*acc_add)(void *, const void *, int64_t, int64_t) noexcept nogil
+
+    ctypedef struct cn_level_ops:
+        const char *name
+        const cn_ops **kernels
+        void (*f32_to_bf16)(const float *, uint16_t *, int64_t) noexcept nogil
+        void (*f32_to_f16)(const float *, uint16_t *, int64_t) noexcept nogil
+        void (*bf16_to_f32)(const uint16_t *, float *, int64_t) noexcept nogil
+        void (*f16_to_f32)(const uint16_t *, float *, int64_t) noexcept nogil
+        void (*stream_fence)() noexcept nogil
+        int multirow_stream
+
+    void cn_moments_merge(cn_moments *a, const cn_moments *b)
+
+
+cdef extern from "cynorm.h" nogil:
+    ctypedef struct cynorm_desc:
+        int norm
+        int x_dtype
+        int param_dtype
+        int64_t rows
+        int64_t cols
+        double eps
+        int num_threads
+        unsigned flags
+    ctypedef struct cynorm_fwd_bufs:
+        const void *x
+        const void *weight
+        const void *bias
+        void *y
+        void *mean
+        void *rstd
+    ctypedef struct cynorm_bwd_bufs:
+        const void *dy
+        const void *x
+        const void *mean
+        const void *rstd
+        const void *weight
+        void *dx
+        void *dweight
+        void *dbias
+    ctypedef struct cynorm_api:
+        int abi_version
+        int (*forward)(const cynorm_desc *, const cynorm_fwd_bufs *) noexcept nogil
+        int (*backward)(const cynorm_desc *, const cynorm_bwd_bufs *) noexcept nogil
+        const char *(*error_string)(int) noexcept nogil
+    enum:
+        CYNORM_ABI_VERSION
+        CYNORM_F32
+        CYNORM_F64
+        CYNORM_BF16
+        CYNORM_F16
+        CYNORM_NO_PARAMS
+        CYNORM_LAYER_NORM
+        CYNORM_RMS_NORM
+        CYNORM_FRESH_OUTPUT
+        CYNORM_OK
+        CYNORM_ENOMEM
+        CYNORM_EINVAL
+
+
+# The levels this build holds (the build defines CN_HAVE_LEVEL_<name> for each).
+cdef extern from *:
+    """
+    #include "cn_ops.h"
+    static const cn_level_ops *const cn_built_levels[] = {
+    #ifdef CN_HAVE_LEVEL_baseline
+        &cn_level_baseline,
+    #endif
+    #ifdef CN_HAVE_LEVEL_avx2
+        &cn_level_avx2,
+    #endif
+    #ifdef CN_HAVE_LEVEL_avx512
+        &cn_level_avx512,
+    #endif
+    #ifdef CN_HAVE_LEVEL_avx512_bf16
+        &cn_level_avx512_bf16,
+    #endif
+        NULL
+    };
+    /* kernel table of each pair (CN_PAIR_*), and how the caller stores its params:
+     * 0 as the kernel, 1 bf16, 2 f16 (widened to float32 around the call) */
+    static const int cn_kernel_of_pair[CN_NUM_PAIRS] = {0, 1, 2, 2, 3, 3};
+    static const int cn_half_params[CN_NUM_PAIRS] = {0, 0, 1, 0, 2, 0};
+    /* (x dtype, param dtype) of each pair, as cynorm.h numbers them */
+    static const int cn_pair_x[CN_NUM_PAIRS] = {0, 1, 2, 2, 3, 3};
+    static const int cn_pair_p[CN_NUM_PAIRS] = {0, 1, 2, 0, 3, 0};
+    """
+    const cn_level_ops *const *cn_built_levels
+    const int *cn_kernel_of_pair
+    const int *cn_half_params
+    const int *cn_pair_x
+    const int *cn_pair_p
+    const int CN_NUM_PAIRS
+
+
+cdef extern from *:
+    """
+    void cn_reference_forward(const float *x, int64_t n, const float *w, const float *b, double eps, int center,
+                              float *y, float *mean, float *rstd);
+    void cn_reference_backward(const float *dy, const float *x, int64_t n, const float *w, float mean, float rstd,
+                               int center, float *dx, double *dw, double *db);
+    """
+    void cn_reference_forward(const float *x, int64_t n, const float *w, const float *b, double eps, int center,
+                              float *y, float *mean, float *rstd) nogil
+    void cn_reference_backward(const float *dy, const float *x, int64_t n, const float *w, float mean, float rstd,
+                               int center, float *dx, double *dw, double *db) nogil
