@@ -127,6 +127,25 @@ cdef inline int _check(int rc) except -1:
     return 0
 
 
+cdef int _run_forward(int pair, bint center, object x, object y, object weight, object bias, object mean,
+                      object rstd, int64_t M, int64_t N, double eps, int num_threads, bint fresh) except -1:
+    """The C entry point on ndarrays (C-contiguous, the dtypes of `pair`; weight, bias,
+    mean, rstd may be None). num_threads 0: the default."""
+    cdef cynorm_desc d
+    cdef cynorm_fwd_bufs b
+    _desc(&d, pair, center, M, N, eps, num_threads, weight is not None or bias is not None, fresh)
+    b.x = _data(x)
+    b.y = _data(y)
+    b.weight = _data(weight)
+    b.bias = _data(bias)
+    b.mean = _data(mean)
+    b.rstd = _data(rstd)
+    cdef int rc
+    with nogil:
+        rc = _c_forward(&d, &b)
+    return _check(rc)
+
+
 def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, object bias,
             object mean, object rstd, int64_t M, int64_t N, double eps, int num_threads,
             bint fresh=False):
@@ -136,21 +155,7 @@ def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, 
     fresh: y was just allocated (its pages are not yet faulted in)."""
     if pair < 0 or pair >= CN_NUM_PAIRS:
         raise ValueError(f"unknown kernel pair {pair}")
-    cdef cynorm_desc d
-    cdef cynorm_fwd_bufs b
-    weight = _contig(weight)
-    bias = _contig(bias)
-    _desc(&d, pair, center, M, N, eps, num_threads, weight is not None or bias is not None, fresh)
-    b.x = cnp.PyArray_DATA(x)
-    b.y = cnp.PyArray_DATA(y)
-    b.weight = _data(weight)
-    b.bias = _data(bias)
-    b.mean = _data(mean)
-    b.rstd = _data(rstd)
-    cdef int rc
-    with nogil:
-        rc = _c_forward(&d, &b)
-    _check(rc)
+    _run_forward(pair, center, x, y, _contig(weight), _contig(bias), mean, rstd, M, N, eps, num_threads, fresh)
 
 
 def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, object rstd,
@@ -260,20 +265,8 @@ def forward_small(object x, object weight, object bias, object axis, object eps,
     y = cnp.PyArray_EMPTY(nd, dims, cnp.PyArray_TYPE(xa), 0)
     mean = cnp.PyArray_EMPTY(nd, sdims, stat_num, 0) if center and want_stats else None
     rstd = cnp.PyArray_EMPTY(nd, sdims, stat_num, 0) if want_stats else None
-    cdef cynorm_desc d
-    cdef cynorm_fwd_bufs b
-    _desc(&d, code, center, M, N, e, 0 if num_threads is None else <int>num_threads,
-          weight is not None or bias is not None, True)
-    b.x = cnp.PyArray_DATA(xa)
-    b.y = cnp.PyArray_DATA(<cnp.ndarray>y)
-    b.weight = _data(weight)
-    b.bias = _data(bias)
-    b.mean = _data(mean)
-    b.rstd = _data(rstd)
-    cdef int rc
-    with nogil:
-        rc = _c_forward(&d, &b)
-    _check(rc)
+    _run_forward(code, center, xa, y, weight, bias, mean, rstd, M, N, e,
+                 0 if num_threads is None else <int>num_threads, True)
     return y, mean, rstd
 
 
