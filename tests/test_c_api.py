@@ -20,7 +20,7 @@ CODES = {"float32": F32, "float64": F64, "bfloat16": BF16, "float16": F16}
 
 class Desc(ctypes.Structure):
     _fields_ = [("norm", c_int), ("x_dtype", c_int), ("param_dtype", c_int), ("rows", c_int64), ("cols", c_int64),
-                ("eps", c_double), ("num_threads", c_int), ("flags", c_uint)]
+                ("eps", c_double), ("num_threads", c_int), ("flags", c_uint), ("block_rows", c_int64)]
 
 
 class FwdBufs(ctypes.Structure):
@@ -28,14 +28,16 @@ class FwdBufs(ctypes.Structure):
 
 
 class BwdBufs(ctypes.Structure):
-    _fields_ = [(n, c_void_p) for n in ("dy", "x", "mean", "rstd", "weight", "dx", "dweight", "dbias")]
+    _fields_ = [(n, c_void_p) for n in ("dy", "x", "mean", "rstd", "weight", "dx", "dweight", "dbias",
+                                        "dweight_blocks", "dbias_blocks")]
 
 
 class Api(ctypes.Structure):
     _fields_ = [("abi_version", c_int),
                 ("forward", ctypes.CFUNCTYPE(c_int, ctypes.POINTER(Desc), ctypes.POINTER(FwdBufs))),
                 ("backward", ctypes.CFUNCTYPE(c_int, ctypes.POINTER(Desc), ctypes.POINTER(BwdBufs))),
-                ("error_string", ctypes.CFUNCTYPE(ctypes.c_char_p, c_int))]
+                ("error_string", ctypes.CFUNCTYPE(ctypes.c_char_p, c_int)),
+                ("block_rows", ctypes.CFUNCTYPE(c_int64, c_int64, c_int64, c_int))]
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +105,8 @@ def test_invalid_descriptors(api, rng):
     assert api.backward(ctypes.byref(d), ctypes.byref(BwdBufs(_ptr(x), _ptr(x), _ptr(r), _ptr(r), None, _ptr(y),
                                                               _ptr(dw), None))) == 2
     assert b"invalid descriptor" in api.error_string(2) and api.error_string(0) == b"ok"
+    assert api.block_rows(4096, 1024, F32) == _core.block_rows(4096, 1024, 4) == 64
+    assert api.block_rows(100, 8, F64) == _core.block_rows(100, 8, 8) == 8
 
 
 def test_no_rows_zeroes_the_gradients(api):

@@ -62,6 +62,7 @@ cdef extern from "cn_policy.h" nogil:
         int acc_size
         int64_t small_max
         int grads
+        int64_t block_rows
         int requested_threads
         int (*num_procs)() noexcept nogil
         int in_flight
@@ -104,6 +105,7 @@ cdef extern from "cn_policy.h" nogil:
     cn_tunables cn_tunables_for(const cn_tunables *base, const cn_machine *m)
     void cn_machine_update(cn_machine *m)
     int cn_threads_for(const cn_tunables *t, const cn_call *c)
+    int64_t cn_block_rows(int64_t M, int64_t N, int acc_size)
     const char *cn_tunable_name(int i)
     int64_t *cn_tunable_slot(cn_tunables *t, int i)
 
@@ -186,6 +188,7 @@ cdef extern from "cynorm.h" nogil:
         double eps
         int num_threads
         unsigned flags
+        int64_t block_rows
     ctypedef struct cynorm_fwd_bufs:
         const void *x
         const void *weight
@@ -202,11 +205,14 @@ cdef extern from "cynorm.h" nogil:
         void *dx
         void *dweight
         void *dbias
+        void *dweight_blocks
+        void *dbias_blocks
     ctypedef struct cynorm_api:
         int abi_version
         int (*forward)(const cynorm_desc *, const cynorm_fwd_bufs *) noexcept nogil
         int (*backward)(const cynorm_desc *, const cynorm_bwd_bufs *) noexcept nogil
         const char *(*error_string)(int) noexcept nogil
+        int64_t (*block_rows)(int64_t, int64_t, int) noexcept nogil
     enum:
         CYNORM_ABI_VERSION
         CYNORM_F32

@@ -117,6 +117,7 @@ cdef void _desc(cynorm_desc *d, int pair, bint center, int64_t M, int64_t N, dou
     d.eps = eps
     d.num_threads = num_threads
     d.flags = CYNORM_FRESH_OUTPUT if fresh else 0
+    d.block_rows = 0
 
 
 cdef inline int _check(int rc) except -1:
@@ -160,8 +161,11 @@ def forward(int pair, bint center, cnp.ndarray x, cnp.ndarray y, object weight, 
 
 def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, object rstd,
              object weight, cnp.ndarray dx, object dweight, object dbias,
-             int64_t M, int64_t N, int num_threads, bint fresh=False):
-    """dx for M rows of N elements; dweight/dbias (param dtype) when given.
+             int64_t M, int64_t N, int num_threads, bint fresh=False, int64_t block_rows=0,
+             object dweight_blocks=None, object dbias_blocks=None):
+    """dx for M rows of N elements; dweight/dbias (param dtype) when given, or
+    with dweight_blocks/dbias_blocks each block's partials (accumulator dtype),
+    blocks of block_rows rows (0: the canonical size for M and N).
     fresh: dx was just allocated."""
     if pair < 0 or pair >= CN_NUM_PAIRS:
         raise ValueError(f"unknown kernel pair {pair}")
@@ -179,6 +183,9 @@ def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, 
     b.dx = cnp.PyArray_DATA(dx)
     b.dweight = _data(dweight)
     b.dbias = _data(dbias)
+    b.dweight_blocks = _data(dweight_blocks)
+    b.dbias_blocks = _data(dbias_blocks)
+    d.block_rows = block_rows
     cdef int rc
     with nogil:
         rc = _c_backward(&d, &b)
@@ -392,6 +399,12 @@ def threads_for(int64_t elems, int requested, int in_flight=1):
     c.openmp = CN_OPENMP
     cdef cn_tunables t = MACHINE.tuned
     return cn_threads_for(&t, &c)
+
+
+def block_rows(int64_t M, int64_t N, int acc_size):
+    """Rows per dweight/dbias block of an array of M rows of N elements (acc_size:
+    4, or 8 for float64): the order the backward adds rows in depends on it alone."""
+    return cn_block_rows(M, N, acc_size)
 
 
 def long_row_bytes():

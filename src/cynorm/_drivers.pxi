@@ -75,7 +75,8 @@ cdef int _forward(const cn_ops *ops, const cn_fwd_args *a) noexcept nogil:
 
 # --------------------------------------------------------------- backward --
 
-cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int k, char *tot_dw, char *tot_db) noexcept nogil:
+cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int k, char *tot_dw, char *tot_db,
+                        char *blocks_dw, char *blocks_db) noexcept nogil:
     """Long rows: blocks in order, all threads on each block, a group of rows at a time.
 
     Phase A: each row's two sums, chunk by chunk, two rows at a time (more
@@ -88,7 +89,8 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int k, char *to
     the partials stay in cache), rereading only x, dy and the weight in phase
     C; or in phase A by column chunk, each thread adding all of a group's pairs
     into the partials of its chunks. Same operations in the same row order:
-    the same bits."""
+    the same bits. With blocks_dw (and blocks_db), block j's partials are
+    written there, j rows on, and not added up."""
     cdef int T = a.pol.threads
     cdef int64_t M = a.M, N = a.N, K = CN_CHUNK, B = a.pol.block_rows, S = a.pol.group_rows
     cdef int64_t nc = (N + K - 1) // K
@@ -97,9 +99,9 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int k, char *to
     cdef double *sums = <double *>malloc(S * nc * 2 * sizeof(double))
     cdef double *rowsums = <double *>malloc(S * 2 * sizeof(double))
     cdef char *blk_part = NULL
-    if k and nb > 1:
+    if k and nb > 1 and blocks_dw == NULL:
         blk_part = <char *>cn_scratch_get(2, k * part_bytes)
-    if sums == NULL or rowsums == NULL or (k and nb > 1 and blk_part == NULL):
+    if sums == NULL or rowsums == NULL or (k and nb > 1 and blocks_dw == NULL and blk_part == NULL):
         free(sums)
         free(rowsums)
         cn_scratch_put(2, blk_part)
@@ -118,7 +120,11 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int k, char *to
             r1 = _min(M, r0 + B)
             dwp = NULL
             dbp = NULL
-            if k:
+            if k and blocks_dw != NULL:
+                dwp = blocks_dw + blk * part_bytes
+                if k == 2:
+                    dbp = blocks_db + blk * part_bytes
+            elif k:
                 dwp = tot_dw if blk == 0 else blk_part
                 if k == 2:
                     dbp = tot_db if blk == 0 else blk_part + part_bytes
@@ -162,7 +168,7 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int k, char *to
                                   NULL if in_pairs or by_chunk else dwp,
                                   NULL if in_pairs or by_chunk else dbp, r0)
                 s0 = s1
-            if k and blk > 0:
+            if k and blk > 0 and blocks_dw == NULL:
                 for c in prange(nc, schedule='static'):
                     ops.acc_add(tot_dw, blk_part, c * K, _min(N, c * K + K))
                     if k == 2:
@@ -174,9 +180,11 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int k, char *to
     return 0
 
 
-cdef int _backward_blocks(const cn_ops *ops, const cn_bwd_args *a, int k, char *tot_dw, char *tot_db) noexcept nogil:
+cdef int _backward_blocks(const cn_ops *ops, const cn_bwd_args *a, int k, char *tot_dw, char *tot_db,
+                          char *blocks_dw, char *blocks_db) noexcept nogil:
     """Many rows: threads take whole blocks; then the block partials are added
-    in block order, column chunk by column chunk."""
+    in block order, column chunk by column chunk (or, with blocks_dw, left
+    there: block j's j rows on)."""
     cdef int T = a.pol.threads
     cdef int64_t M = a.M, N = a.N, K = CN_CHUNK, B = a.pol.block_rows
     cdef int64_t nb = (M + B - 1) // B
@@ -184,7 +192,7 @@ cdef int _backward_blocks(const cn_ops *ops, const cn_bwd_args *a, int k, char *
     cdef size_t part_bytes = N * ops.acc_size
     # block 0 accumulates straight into the totals; blocks 1.. get scratch
     cdef char *scratch = NULL
-    if k and nb > 1:
+    if k and nb > 1 and blocks_dw == NULL:
         scratch = <char *>cn_scratch_get(2, (nb - 1) * k * part_bytes)
         if scratch == NULL:
             return -1
@@ -194,12 +202,16 @@ cdef int _backward_blocks(const cn_ops *ops, const cn_bwd_args *a, int k, char *
     for blk in prange(nb, schedule='static', num_threads=T):
         dwp = NULL
         dbp = NULL
-        if k:
+        if k and blocks_dw != NULL:
+            dwp = blocks_dw + blk * part_bytes
+            if k == 2:
+                dbp = blocks_db + blk * part_bytes
+        elif k:
             dwp = tot_dw if blk == 0 else scratch + (blk - 1) * k * part_bytes
             if k == 2:
                 dbp = tot_db if blk == 0 else scratch + ((blk - 1) * k + 1) * part_bytes
         ops.bwd_rows(a, blk * B, _min(M, blk * B + B), dwp, dbp)
-    if k and nb > 1:
+    if k and nb > 1 and blocks_dw == NULL:
         T = <int>_min(T, nc)
         for c in prange(nc, schedule='static', num_threads=T):
             for j in range(nb - 1):
@@ -257,6 +269,7 @@ cdef void _fill_call(cn_call *c, const cn_ops *ops, const cynorm_desc *d, int ba
     c.in_parallel = omp_in_parallel()
     c.openmp = CN_OPENMP
     c.fresh = (d.flags & CYNORM_FRESH_OUTPUT) != 0
+    c.block_rows = 0
     c.out_addr = 0
     c.in_addr = 0
 
@@ -320,18 +333,23 @@ cdef int _c_backward(const cynorm_desc *d, const cynorm_bwd_bufs *b) noexcept no
     if pair < 0 or not _desc_ok(d):
         return CYNORM_EINVAL
     cdef bint center = d.norm == CYNORM_LAYER_NORM
+    cdef bint blocks = b.dweight_blocks != NULL
+    cdef void *out_w = b.dweight_blocks if blocks else b.dweight
+    cdef void *out_b = b.dbias_blocks if blocks else b.dbias
     if (b.dy == NULL or b.x == NULL or b.rstd == NULL or b.dx == NULL or (center and b.mean == NULL)
-            or (b.dweight != NULL and b.weight == NULL) or (b.dbias != NULL and (b.dweight == NULL or not center))):
+            or d.block_rows < 0 or (out_w != NULL and b.weight == NULL)
+            or (out_b != NULL and (out_w == NULL or not center))
+            or (blocks and (b.dweight != NULL or b.dbias != NULL)) or (b.dbias_blocks != NULL and not blocks)):
         return CYNORM_EINVAL
-    cdef int k = 0 if b.dweight == NULL else (2 if b.dbias != NULL else 1)
+    cdef int k = 0 if out_w == NULL else (2 if out_b != NULL else 1)
     cdef const cn_ops *ops = cn_get_ops(pair)
     cdef int half = cn_half_params[pair]
     cdef int64_t N = d.cols
     cdef size_t grad_bytes = N * (2 if half else ops.p_size)
-    if d.rows == 0:   # no rows: zero gradients
-        if k:
+    if d.rows == 0:   # no rows: zero gradients (and no blocks)
+        if k and not blocks:
             memset(b.dweight, 0, grad_bytes)
-        if k == 2:
+        if k == 2 and not blocks:
             memset(b.dbias, 0, grad_bytes)
         return CYNORM_OK
     cdef cn_bwd_args a
@@ -340,6 +358,8 @@ cdef int _c_backward(const cynorm_desc *d, const cynorm_bwd_bufs *b) noexcept no
     cdef float *wide = NULL
     cdef char *out_dw = <char *>b.dweight
     cdef char *out_db = <char *>b.dbias
+    cdef char *blocks_dw = <char *>b.dweight_blocks
+    cdef char *blocks_db = <char *>b.dbias_blocks
     cdef int rc = 0
     a.dy = b.dy
     a.x = b.x
@@ -352,6 +372,7 @@ cdef int _c_backward(const cynorm_desc *d, const cynorm_bwd_bufs *b) noexcept no
     a.center = center
     _fill_call(&call, ops, d, 1, cn_enter_call())
     call.grads = k
+    call.block_rows = d.block_rows
     call.out_addr = <uintptr_t>b.dx
     call.in_addr = <uintptr_t>b.x | <uintptr_t>b.dy | <uintptr_t>b.dx
     pol = cn_policy_for(&MACHINE, &call)
@@ -364,14 +385,15 @@ cdef int _c_backward(const cynorm_desc *d, const cynorm_bwd_bufs *b) noexcept no
         else:
             _widen(half, a.w, wide, N)
             a.w = wide
-            out_dw = <char *>(wide + N) if k else NULL
-            out_db = <char *>(wide + 2 * N) if k == 2 else NULL
+            if not blocks:
+                out_dw = <char *>(wide + N) if k else NULL
+                out_db = <char *>(wide + 2 * N) if k == 2 else NULL
     if rc == 0:
         if pol.path == CN_PATH_TEAM:
-            rc = _backward_team(ops, &a, k, out_dw, out_db)
+            rc = _backward_team(ops, &a, k, out_dw, out_db, blocks_dw, blocks_db)
         else:
-            rc = _backward_blocks(ops, &a, k, out_dw, out_db)
-    if rc == 0 and wide != NULL and k:
+            rc = _backward_blocks(ops, &a, k, out_dw, out_db, blocks_dw, blocks_db)
+    if rc == 0 and wide != NULL and k and not blocks:
         _narrow(half, wide + N, b.dweight, N)
         if k == 2:
             _narrow(half, wide + 2 * N, b.dbias, N)
@@ -380,8 +402,13 @@ cdef int _c_backward(const cynorm_desc *d, const cynorm_bwd_bufs *b) noexcept no
     return CYNORM_OK if rc == 0 else CYNORM_ENOMEM
 
 
+cdef int64_t _c_block_rows(int64_t rows, int64_t cols, int x_dtype) noexcept nogil:
+    return cn_block_rows(rows, cols, 8 if x_dtype == CYNORM_F64 else 4)
+
+
 cdef cynorm_api _C_API_TABLE
 _C_API_TABLE.abi_version = CYNORM_ABI_VERSION
 _C_API_TABLE.forward = _c_forward
 _C_API_TABLE.backward = _c_backward
 _C_API_TABLE.error_string = _c_error_string
+_C_API_TABLE.block_rows = _c_block_rows

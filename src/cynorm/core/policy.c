@@ -155,7 +155,7 @@ static void backward_policy(const cn_tunables *t, const cn_machine *m, const cn_
     const int k = c->grads;
     const int populate = p->stream && c->fresh;
     if (populate && row_bytes <= t->fresh_plain_row_bytes) p->stream = 0;
-    const int64_t B = p->block_rows = cn_block_rows(M, N, c->acc_size);
+    const int64_t B = p->block_rows = c->block_rows > 0 ? c->block_rows : cn_block_rows(M, N, c->acc_size);
     const int64_t nb = (M + B - 1) / B;
     p->populate = populate ? CN_POPULATE_AHEAD : CN_POPULATE_NONE;
     p->prefetch_elems = min64(N, t->prefetch_max);

@@ -51,6 +51,7 @@ typedef struct {
     int x_size, acc_size;           /* bytes per element of x and of the accumulators */
     int64_t small_max;              /* the level's in-register row limit */
     int grads;                      /* backward: 0, 1 (dweight), 2 (dweight and dbias) */
+    int64_t block_rows;             /* backward: rows per dweight block; 0: cn_block_rows(M, N) */
     int requested_threads;          /* >= 1 */
     int (*num_procs)(void);         /* cores this process may use (omp_get_num_procs: a system call,
                                        so asked only when more than one thread is in question) */

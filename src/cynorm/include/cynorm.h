@@ -42,6 +42,7 @@ typedef struct {
     double eps;           /* forward: finite, >= 0 */
     int num_threads;      /* 0: the default (omp_get_max_threads()) */
     unsigned flags;       /* cynorm_flags */
+    int64_t block_rows;   /* backward: rows per dweight/dbias block; 0: cynorm_block_rows(rows, cols) */
 } cynorm_desc;
 
 typedef struct {
@@ -52,6 +53,11 @@ typedef struct {
 typedef struct {
     const void *dy, *x, *mean, *rstd, *weight;   /* mean unused by RMSNorm; weight may be NULL */
     void *dx, *dweight, *dbias;                  /* dweight needs weight; dbias (LayerNorm) needs dweight */
+    /* Instead of dweight/dbias: each block's partial sums, unreduced (float32, or float64 for float64
+     * x), ceil(rows / block_rows) rows of cols each. Added in block order (float additions, left
+     * to right) and rounded once to the param dtype, the blocks of all row ranges of a larger array
+     * give its dweight/dbias bit for bit, when each range starts on a block boundary. */
+    void *dweight_blocks, *dbias_blocks;
 } cynorm_bwd_bufs;
 
 typedef struct {
@@ -59,6 +65,7 @@ typedef struct {
     int (*forward)(const cynorm_desc *d, const cynorm_fwd_bufs *b);   /* returns a cynorm_status */
     int (*backward)(const cynorm_desc *d, const cynorm_bwd_bufs *b);
     const char *(*error_string)(int status);
+    int64_t (*block_rows)(int64_t rows, int64_t cols, int x_dtype);   /* the canonical dweight block */
 } cynorm_api;
 
 #define CYNORM_CAPSULE "cynorm._core._C_API"
