@@ -274,3 +274,13 @@ cdef extern from *:
                               float *y, float *mean, float *rstd) nogil
     void cn_reference_backward(const float *dy, const float *x, int64_t n, const float *w, float mean, float rstd,
                                int center, float *dx, double *dw, double *db) nogil
+
+
+# XLA FFI handlers (ffi/xla.c), which call the C entry point through the table set here
+cdef extern from *:
+    """
+    void cn_xla_set_api(const cynorm_api *api);
+    void *cn_xla_handler_address(int backward);
+    """
+    void cn_xla_set_api(const cynorm_api *api)
+    void *cn_xla_handler_address(int backward)

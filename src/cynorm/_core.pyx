@@ -280,6 +280,13 @@ def forward_small(object x, object weight, object bias, object axis, object eps,
 
 #: The C entry point for other extension modules (include/cynorm.h: cynorm_import()).
 _C_API = PyCapsule_New(<void *>&_C_API_TABLE, b"cynorm._core._C_API", NULL)
+cn_xla_set_api(&_C_API_TABLE)
+
+
+def xla_targets():
+    """{target name: PyCapsule of its XLA FFI handler} (ffi/xla.c), for jax.ffi.register_ffi_target."""
+    return {"cynorm_forward": PyCapsule_New(cn_xla_handler_address(0), NULL, NULL),
+            "cynorm_backward": PyCapsule_New(cn_xla_handler_address(1), NULL, NULL)}
 
 
 # ------------------------------------------------------------------ policy --

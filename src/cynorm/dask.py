@@ -1,0 +1,290 @@
+"""cynorm on Dask arrays: a lazy forward, and a backward whose dweight/dbias are
+bit-identical to one cynorm call on the whole array, for any row chunking.
+
+    import dask.array as da
+    import cynorm.dask as cnd
+    y, mean, rstd = cnd.layer_norm_forward(x, w, b)          # x: a dask array
+    dx, dw, db = cnd.layer_norm_backward(dy, x, mean, rstd, w)
+    dw, db = dask.compute(dw, db)                            # every output is a dask array
+
+Each row chunk runs cynorm's kernels as one task. The normalized axes
+(``x.shape[axis:]``) must each be one chunk; split ones are rechunked, with a
+PerformanceWarning. Forward results get x's chunks (mean/rstd: x's row chunks,
+and 1 along the normalized axes).
+
+Exact gradients. cynorm adds the rows of dweight/dbias in fixed blocks of
+``block_rows(x.shape, axis, x.dtype)`` rows (the size depends on the whole
+array's shape, never on threads or chunks). The backward runs row chunks that
+start on block boundaries (rechunking dy/x/mean/rstd to the nearest ones where
+needed, and dx back to x's chunks), has each task return its blocks' partial
+sums, and adds them in block order, as one call does, then rounds once: the
+same bits. Row chunks in multiples of block_rows avoid the rechunk.
+
+Threads. Inside a ``distributed`` worker a task uses the worker's threads
+(threads_per_worker) divided by the tasks it is running, so a node is never
+oversubscribed; ``num_threads`` caps it. Elsewhere (threaded or synchronous
+scheduler) cynorm's default applies: concurrent calls share the cores.
+Needs the ``dask`` extra: ``pip install "cynorm[dask]"``.
+"""
+
+import math
+import warnings
+
+import numpy as np
+
+try:
+    import dask.array as da
+    from dask.array.core import PerformanceWarning
+except ImportError as exc:  # pragma: no cover - the extra is missing
+    raise ImportError("cynorm.dask needs dask: pip install 'cynorm[dask]'") from exc
+
+from . import _api, _core, _dtypes, _isa
+from ._threads import resolve_num_threads
+
+__all__ = ["layer_norm", "layer_norm_forward", "layer_norm_backward",
+           "rms_norm", "rms_norm_forward", "rms_norm_backward", "block_rows"]
+
+
+# ------------------------------------------------------------- threads --
+
+def _task_threads(num_threads):
+    """Threads for one task: the worker's share, capped by num_threads."""
+    try:
+        from distributed import get_worker
+        state = get_worker().state
+    except (ImportError, ValueError):   # not in a distributed worker: cynorm's default
+        return num_threads
+    share = max(1, state.nthreads // max(1, len(state.executing)))
+    return share if num_threads is None else min(num_threads, share)
+
+
+# ----------------------------------------------------------- validation --
+
+def _as_dask(a, name):
+    if isinstance(a, da.Array):
+        return a
+    arr = _api._input(a, name)
+    return da.from_array(arr, chunks=arr.shape or ())
+
+
+def _param(p, name, norm_shape):
+    if p is None:
+        return None
+    p = _as_dask(p, name)
+    if tuple(p.shape) != norm_shape:
+        raise ValueError(f"cynorm: {name} must have shape x.shape[axis:] = {norm_shape}, got {tuple(p.shape)}")
+    return p.rechunk(-1) if p.numblocks != (1,) * p.ndim else p
+
+
+def _layout(x, axis):
+    """(axis in [0, ndim), rows M, columns N, normalized shape); x's chunks checked."""
+    if x.ndim == 0:
+        raise ValueError("cynorm: x must have at least one dimension, got a 0-d array")
+    _dtypes.check_x_dtype(x.dtype)
+    ax = _api._axis(axis, x.ndim)
+    if any(math.isnan(s) for s in x.shape):
+        raise ValueError("cynorm: x has unknown chunk sizes; call x.compute_chunk_sizes() first")
+    norm_shape = tuple(x.shape[ax:])
+    if 0 in norm_shape:
+        raise ValueError(f"cynorm: the normalized dimensions x.shape[axis:] = {norm_shape} have zero size")
+    return ax, math.prod(x.shape[:ax]), math.prod(norm_shape), norm_shape
+
+
+def _whole_norm_axes(a, ax, name):
+    """a with each normalized axis in one chunk (rechunked with a warning if split)."""
+    split = [k for k in range(ax, a.ndim) if len(a.chunks[k]) > 1]
+    if not split:
+        return a
+    warnings.warn(f"cynorm.dask: {name} is split along normalized axes {split}; rechunking them to one chunk "
+                  f"each. To avoid this, chunk only the leading axes, e.g. {name}.rechunk({ {k: -1 for k in split} })",
+                  PerformanceWarning, stacklevel=4)
+    return a.rechunk({k: -1 for k in split})
+
+
+def _pair(x, weight, bias):
+    if weight is not None and bias is not None and weight.dtype != bias.dtype:
+        raise TypeError(f"cynorm: weight and bias must have the same dtype, got {weight.dtype} and {bias.dtype}")
+    given = weight if weight is not None else bias
+    return _dtypes.resolve(np.dtype(x.dtype), None if given is None else np.dtype(given.dtype))
+
+
+def block_rows(shape, axis=-1, dtype=np.float32):
+    """Rows per dweight/dbias block for x of this shape and dtype: row chunks in
+    multiples of it keep the exact backward from rechunking."""
+    ax = _api._axis(axis, len(shape))
+    M, N = math.prod(shape[:ax]), math.prod(shape[ax:])
+    return _core.block_rows(M, N, 8 if np.dtype(dtype) == _dtypes.F64 else 4)
+
+
+# -------------------------------------------------------------- forward --
+
+def _forward_task(x, weight, bias, *, axis, eps, center, num_threads):
+    T = _task_threads(num_threads)
+    if center:
+        return _api.layer_norm_forward(x, weight, bias, axis=axis, eps=eps, num_threads=T)
+    y, rstd = _api.rms_norm_forward(x, weight, axis=axis, eps=eps, num_threads=T)
+    return y, None, rstd
+
+
+def _pick(parts, k):
+    return parts[k]
+
+
+def _forward(x, weight, bias, axis, eps, num_threads, center):
+    x = _as_dask(x, "x")
+    ax, M, N, norm_shape = _layout(x, axis)
+    weight, bias = _param(weight, "weight", norm_shape), _param(bias, "bias", norm_shape)
+    pair = _pair(x, weight, bias)
+    eps = _api._eps(eps)
+    if num_threads is not None:
+        resolve_num_threads(num_threads)
+    x = _whole_norm_axes(x, ax, "x")
+    ind = tuple(range(x.ndim))
+    args = [x, ind]
+    for p in (weight, bias):
+        args += [p, ind[ax:]] if p is not None else [None, None]
+    norm = "layer_norm" if center else "rms_norm"
+    parts = da.blockwise(_forward_task, ind, *args, axis=ax, eps=eps, center=center, num_threads=num_threads,
+                         token=f"cynorm-{norm}-forward",
+                         meta=np.empty((0,) * x.ndim, object), dtype=object, concatenate=True)
+    stat_chunks = x.chunks[:ax] + ((1,),) * (x.ndim - ax)
+    meta = np.empty((0,) * x.ndim, pair.x)
+    y = parts.map_blocks(_pick, 0, chunks=x.chunks, dtype=pair.x, meta=meta, token=f"cynorm-{norm}-y")
+    stat_meta = np.empty((0,) * x.ndim, pair.stat)
+    mean = (parts.map_blocks(_pick, 1, chunks=stat_chunks, dtype=pair.stat, meta=stat_meta, token=f"cynorm-{norm}-mean")
+            if center else None)
+    rstd = parts.map_blocks(_pick, 2, chunks=stat_chunks, dtype=pair.stat, meta=stat_meta, token=f"cynorm-{norm}-rstd")
+    return y, mean, rstd
+
+
+# ------------------------------------------------------------- backward --
+
+def _aligned_chunks(chunks, B, M):
+    """Row chunks whose starts are multiples of B, near the given ones."""
+    bounds = np.cumsum((0,) + tuple(chunks))
+    starts = sorted({min(M, int(round(s / B)) * B) for s in bounds[:-1]} | {0})
+    starts = [s for s in starts if s < M] + [M]
+    return tuple(int(b - a) for a, b in zip(starts, starts[1:])) or (0,)
+
+
+def _backward_task(dy, x, mean, rstd, weight, *, code, center, N, B, acc, num_threads):
+    M = x.shape[0]
+    dx = np.empty(x.shape, x.dtype)
+    nb = -(-M // B)
+    pw = np.empty((nb, N), acc) if weight is not None else None
+    pb = np.empty((nb, N), acc) if weight is not None and center else None
+    T = resolve_num_threads(_task_threads(num_threads))
+    if M:
+        _isa.kernels.backward(code, center, np.ascontiguousarray(dy), np.ascontiguousarray(x),
+                              None if mean is None else np.ascontiguousarray(mean), np.ascontiguousarray(rstd),
+                              weight, dx, None, None, M, N, T, False, B,
+                              pw, pb)
+    return dx, pw, pb
+
+
+def _sum_blocks(partials, grad_dtype):
+    """The blocks' partial sums added in block order, as one call adds them, then rounded
+    to the gradient dtype as cynorm rounds (round to nearest even; bfloat16 flushes subnormals)."""
+    if len(partials) == 0:   # no rows
+        return np.zeros(partials.shape[1:], grad_dtype)
+    total = partials[0].copy()
+    for row in partials[1:]:     # sequential, in block order: the kernel's order
+        total += row
+    if grad_dtype.itemsize != 2:
+        return total.astype(grad_dtype)
+    out = np.empty(total.shape, np.uint16)
+    (_isa.kernels.f32_to_bf16 if grad_dtype == _dtypes.BF16 else _isa.kernels.f32_to_f16)(total, out)
+    return out.view(grad_dtype)
+
+
+def _stats_2d(s, name, x, ax, M, stat_dtype):
+    s = _as_dask(s, name)
+    stat_shape = tuple(x.shape[:ax]) + (1,) * (x.ndim - ax)
+    if tuple(s.shape) not in (stat_shape, tuple(x.shape[:ax])):
+        raise ValueError(f"cynorm: {name} must have shape {stat_shape} (or {tuple(x.shape[:ax])}), got {tuple(s.shape)}")
+    if s.dtype != stat_dtype:
+        raise TypeError(f"cynorm: {name} must have dtype {_dtypes.dtype_name(stat_dtype)} for x of dtype "
+                        f"{_dtypes.dtype_name(x.dtype)}, got {_dtypes.dtype_name(s.dtype)}")
+    return s.reshape(M, 1)
+
+
+def _backward(dy, x, mean, rstd, weight, axis, num_threads, center):
+    x, dy = _as_dask(x, "x"), _as_dask(dy, "dy")
+    ax, M, N, norm_shape = _layout(x, axis)
+    if tuple(dy.shape) != tuple(x.shape):
+        raise ValueError(f"cynorm: dy must have the shape of x, {x.shape}, got {dy.shape}")
+    if dy.dtype != x.dtype:
+        raise TypeError(f"cynorm: dy must have the dtype of x, {_dtypes.dtype_name(x.dtype)}, "
+                        f"got {_dtypes.dtype_name(dy.dtype)}")
+    weight = _param(weight, "weight", norm_shape)
+    pair = _pair(x, weight, None)
+    if num_threads is not None:
+        resolve_num_threads(num_threads)
+    mean2 = _stats_2d(mean, "mean", x, ax, M, pair.stat) if center else None
+    rstd2 = _stats_2d(rstd, "rstd", x, ax, M, pair.stat)
+    x_chunks = x.chunks
+    x2 = _whole_norm_axes(x, ax, "x").reshape(M, N)
+    dy2 = _whole_norm_axes(dy, ax, "dy").reshape(M, N)
+    acc = np.dtype(np.float64 if pair.x == _dtypes.F64 else np.float32)
+    B = _core.block_rows(M, N, acc.itemsize)
+    rows = _aligned_chunks(x2.chunks[0], B, M)
+    x2, dy2, rstd2 = x2.rechunk((rows, N)), dy2.rechunk((rows, N)), rstd2.rechunk((rows, 1))
+    mean2 = mean2.rechunk((rows, 1)) if center else None
+    w1 = weight.reshape(N) if weight is not None else None
+    norm = "layer_norm" if center else "rms_norm"
+    parts = da.blockwise(_backward_task, "ij", dy2, "ij", x2, "ij", mean2, "ij" if center else None, rstd2, "ij",
+                         w1, "j" if weight is not None else None, code=pair.code, center=center, N=N, B=B, acc=acc,
+                         num_threads=num_threads, token=f"cynorm-{norm}-backward", meta=np.empty((0, 0), object),
+                         dtype=object, concatenate=True)
+    dx = parts.map_blocks(_pick, 0, chunks=(rows, (N,)), dtype=pair.x, meta=np.empty((0, 0), pair.x),
+                          token=f"cynorm-{norm}-dx")
+    dx = dx.reshape(x.shape)
+    if dx.chunks != x_chunks:
+        dx = dx.rechunk(x_chunks)
+    grads = []
+    if weight is not None:
+        blocks = tuple(-(-r // B) for r in rows)
+        for k, grad in ((1, "dweight"), (2, "dbias"))[:1 + center]:
+            partial = parts.map_blocks(_pick, k, chunks=(blocks, (N,)), dtype=acc, meta=np.empty((0, 0), acc),
+                                       token=f"cynorm-{norm}-{grad}-blocks")
+            total = da.blockwise(_sum_blocks, "j", partial, "ij", pair.grad, None, concatenate=True,   # all blocks
+                                 token=f"cynorm-{norm}-{grad}", dtype=pair.grad, meta=np.empty((0,), pair.grad))
+            grads.append(total.reshape(norm_shape))
+    grads += [None] * (2 - len(grads))
+    return dx, grads[0], grads[1]
+
+
+# ------------------------------------------------------------- public API --
+
+def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, num_threads=None):
+    """LayerNorm of a dask array over ``x.shape[axis:]`` (as ``cynorm.layer_norm``); returns y, lazily."""
+    return _forward(x, weight, bias, axis, eps, num_threads, True)[0]
+
+
+def layer_norm_forward(x, weight=None, bias=None, *, axis=-1, eps=1e-5, num_threads=None):
+    """``(y, mean, rstd)`` as dask arrays (as ``cynorm.layer_norm_forward``)."""
+    return _forward(x, weight, bias, axis, eps, num_threads, True)
+
+
+def layer_norm_backward(dy, x, mean, rstd, weight=None, *, axis=-1, num_threads=None):
+    """``(dx, dweight, dbias)`` as dask arrays; dweight/dbias bit-identical to
+    ``cynorm.layer_norm_backward`` on the whole array, for any chunking (None without a weight)."""
+    return _backward(dy, x, mean, rstd, weight, axis, num_threads, True)
+
+
+def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, num_threads=None):
+    """RMSNorm of a dask array over ``x.shape[axis:]`` (as ``cynorm.rms_norm``); returns y, lazily."""
+    return _forward(x, weight, None, axis, eps, num_threads, False)[0]
+
+
+def rms_norm_forward(x, weight=None, *, axis=-1, eps=1e-6, num_threads=None):
+    """``(y, rstd)`` as dask arrays (as ``cynorm.rms_norm_forward``)."""
+    y, _, rstd = _forward(x, weight, None, axis, eps, num_threads, False)
+    return y, rstd
+
+
+def rms_norm_backward(dy, x, rstd, weight=None, *, axis=-1, num_threads=None):
+    """``(dx, dweight)`` as dask arrays; dweight bit-identical to ``cynorm.rms_norm_backward``
+    on the whole array, for any chunking (None without a weight)."""
+    dx, dw, _ = _backward(dy, x, None, rstd, weight, axis, num_threads, False)
+    return dx, dw

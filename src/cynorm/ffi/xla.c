@@ -1,0 +1,263 @@
+/*
+ * XLA FFI handlers (jax.ffi) for cynorm.jax: LayerNorm and RMSNorm, forward
+ * and backward, on XLA's buffers, through cynorm's C entry point (cynorm.h).
+ * No Python and no GIL on this path.
+ *
+ * Under jax.vmap (vmap_method="expand_dims") every operand gets one leading
+ * dimension per vmap level, of the batch size or 1 (unbatched). The handlers
+ * take the results' leading dimensions as the groups and run each group on its
+ * own, each operand's group picked by broadcasting (a dimension of 1 serves
+ * every group): so a batched weight normalizes each example with its own
+ * weight, and the backward returns per-example dweight/dbias, each the bits a
+ * call on that example alone gives.
+ *
+ * Attributes (scalars): center (s32: 1 LayerNorm, 0 RMSNorm), eps (f64),
+ * x_ndim (s32: x's rank without vmap), norm_ndim (s32: normalized trailing
+ * dims), has_weight, has_bias (s32), num_threads (s32, 0: the default).
+ *   forward:  x [, weight] [, bias]             -> y [, mean], rstd
+ *   backward: dy, x [, mean], rstd [, weight]    -> dx [, dweight [, dbias]]
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "cn_xla_ffi.h"
+#include "cynorm.h"
+
+#define CN_MAX_LEVELS 8   /* vmap levels handled */
+
+static const cynorm_api *cn_xla_cynorm;   /* set by _core at import */
+
+void cn_xla_set_api(const cynorm_api *api) { cn_xla_cynorm = api; }
+
+static cn_xla_error *fail(const cn_xla_call_frame *f, int code, const char *message)
+{
+    cn_xla_error_create_args a;
+    memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    a.message = message;
+    a.errc = code;
+    return f->api->error_create(&a);
+}
+
+/* A metadata query (XLA asks which FFI version a handler was built for): answered, 1. */
+static int answer_metadata(cn_xla_call_frame *f)
+{
+    for (cn_xla_extension *e = f->extension_start; e != NULL; e = e->next) {
+        if (e->type != CN_XLA_EXTENSION_METADATA) continue;
+        cn_xla_metadata *m = ((cn_xla_metadata_extension *)e)->metadata;
+        m->api_version.major_version = CN_XLA_FFI_API_MAJOR;
+        m->api_version.minor_version = CN_XLA_FFI_API_MINOR;
+        m->traits = 0;
+        return 1;
+    }
+    return 0;
+}
+
+/* The named scalar attribute as an int64 or a double; 0 if absent. */
+static int attr(const cn_xla_call_frame *f, const char *name, int64_t *i, double *d)
+{
+    const size_t len = strlen(name);
+    for (int64_t k = 0; k < f->attrs.size; k++) {
+        const cn_xla_bytespan *n = f->attrs.names[k];
+        if (n->len != len || memcmp(n->ptr, name, len) != 0 || f->attrs.types[k] != CN_XLA_ATTR_SCALAR) continue;
+        const cn_xla_scalar *s = (const cn_xla_scalar *)f->attrs.attrs[k];
+        switch (s->dtype) {
+        case CN_XLA_S32: *i = *(const int32_t *)s->value; *d = (double)*i; return 1;
+        case CN_XLA_S64: *i = *(const int64_t *)s->value; *d = (double)*i; return 1;
+        case CN_XLA_F32: *d = *(const float *)s->value; *i = (int64_t)*d; return 1;
+        case CN_XLA_F64: *d = *(const double *)s->value; *i = (int64_t)*d; return 1;
+        default: return 0;
+        }
+    }
+    return 0;
+}
+
+static int cynorm_dtype(int xla)
+{
+    switch (xla) {
+    case CN_XLA_F32: return CYNORM_F32;
+    case CN_XLA_F64: return CYNORM_F64;
+    case CN_XLA_BF16: return CYNORM_BF16;
+    case CN_XLA_F16: return CYNORM_F16;
+    default: return -2;
+    }
+}
+
+static int64_t item_bytes(int xla) { return xla == CN_XLA_F64 ? 8 : xla == CN_XLA_F32 ? 4 : 2; }
+
+/* One operand: its data, and how far its data moves from one group to the next
+ * along each vmap level (0 where it is broadcast). */
+typedef struct {
+    char *data;
+    int64_t step[CN_MAX_LEVELS];
+} operand;
+
+/* levels: the vmap levels (leading dims of the results); group dims in dims[].
+ * An operand of `rank` dims whose trailing (rank - levels) dims hold `inner`
+ * elements of `bytes` each. */
+static int operand_of(const cn_xla_buffer *b, int levels, const int64_t *dims, operand *o)
+{
+    if (b->rank < levels) return 0;
+    int64_t inner = item_bytes(b->dtype);
+    for (int64_t k = levels; k < b->rank; k++) inner *= b->dims[k];
+    for (int k = levels - 1; k >= 0; k--) {
+        if (b->dims[k] != 1 && b->dims[k] != dims[k]) return 0;
+        o->step[k] = b->dims[k] == 1 ? 0 : inner;
+        inner *= b->dims[k];
+    }
+    o->data = (char *)b->data;
+    return 1;
+}
+
+static char *at(const operand *o, int levels, const int64_t *index)
+{
+    char *p = o->data;
+    for (int k = 0; k < levels; k++) p += index[k] * o->step[k];
+    return p;
+}
+
+/* Shared checks and layout: levels of vmap, the group dims, rows per group and
+ * columns, from the first result (y or dx) and the attributes. */
+typedef struct {
+    int levels;
+    int64_t dims[CN_MAX_LEVELS], groups, rows, cols;
+    int64_t center, x_ndim, norm_ndim, has_weight, has_bias, num_threads;
+    double eps;
+} layout;
+
+static const char *read_layout(const cn_xla_call_frame *f, const cn_xla_buffer *first, layout *l)
+{
+    double d;
+    int64_t i;
+    if (!(attr(f, "center", &l->center, &d) && attr(f, "x_ndim", &l->x_ndim, &d) &&
+          attr(f, "norm_ndim", &l->norm_ndim, &d) && attr(f, "has_weight", &l->has_weight, &d) &&
+          attr(f, "has_bias", &l->has_bias, &d) && attr(f, "num_threads", &l->num_threads, &d)))
+        return "cynorm: an attribute is missing";
+    if (!attr(f, "eps", &i, &l->eps)) l->eps = 0.0;   /* (the backward has none) */
+    l->levels = (int)(first->rank - l->x_ndim);
+    if (l->levels < 0 || l->levels > CN_MAX_LEVELS || l->norm_ndim < 1 || l->norm_ndim > l->x_ndim)
+        return "cynorm: operand ranks do not match the attributes";
+    l->groups = 1;
+    for (int k = 0; k < l->levels; k++) { l->dims[k] = first->dims[k]; l->groups *= first->dims[k]; }
+    l->rows = 1;
+    l->cols = 1;
+    for (int64_t k = l->levels; k < first->rank; k++) {
+        if (k < first->rank - l->norm_ndim) l->rows *= first->dims[k];
+        else l->cols *= first->dims[k];
+    }
+    return NULL;
+}
+
+static void next_index(int64_t *index, const layout *l)
+{
+    for (int k = l->levels - 1; k >= 0; k--) {
+        if (++index[k] < l->dims[k]) return;
+        index[k] = 0;
+    }
+}
+
+static cn_xla_error *status(const cn_xla_call_frame *f, int rc)
+{
+    if (rc == CYNORM_OK) return NULL;
+    return fail(f, rc == CYNORM_ENOMEM ? CN_XLA_ERROR_RESOURCE_EXHAUSTED : CN_XLA_ERROR_INVALID_ARGUMENT,
+                cn_xla_cynorm->error_string(rc));
+}
+
+static cn_xla_error *check_frame(cn_xla_call_frame *f, int *done)
+{
+    *done = 0;
+    if (f->struct_size < offsetof(cn_xla_call_frame, attrs) + sizeof(cn_xla_attrs)) return NULL;   /* cannot answer */
+    if (answer_metadata(f)) { *done = 1; return NULL; }
+    if (f->stage != CN_XLA_STAGE_EXECUTE) { *done = 1; return NULL; }
+    if (cn_xla_cynorm == NULL) return fail(f, CN_XLA_ERROR_INTERNAL, "cynorm: the C entry point is not set");
+    for (int64_t k = 0; k < f->args.size; k++)
+        if (f->args.types[k] != CN_XLA_ARG_BUFFER) return fail(f, CN_XLA_ERROR_INVALID_ARGUMENT, "cynorm: operands must be buffers");
+    return NULL;
+}
+
+/* x [, weight] [, bias] -> y [, mean], rstd */
+static cn_xla_error *cn_xla_forward(cn_xla_call_frame *f)
+{
+    int done;
+    cn_xla_error *err = check_frame(f, &done);
+    if (err || done) return err;
+    layout l;
+    const char *why = f->rets.size >= 2 ? read_layout(f, (const cn_xla_buffer *)f->rets.items[0], &l) : "cynorm: results";
+    if (why) return fail(f, CN_XLA_ERROR_INVALID_ARGUMENT, why);
+    if (f->args.size != 1 + l.has_weight + l.has_bias || f->rets.size != 2 + l.center)
+        return fail(f, CN_XLA_ERROR_INVALID_ARGUMENT, "cynorm: wrong number of operands or results");
+    operand x, w, b, y, mean, rstd;
+    const cn_xla_buffer *xb = (const cn_xla_buffer *)f->args.items[0];
+    const cn_xla_buffer *wb = l.has_weight ? (const cn_xla_buffer *)f->args.items[1] : NULL;
+    const cn_xla_buffer *bb = l.has_bias ? (const cn_xla_buffer *)f->args.items[1 + l.has_weight] : NULL;
+    const int ok = operand_of(xb, l.levels, l.dims, &x) && (!wb || operand_of(wb, l.levels, l.dims, &w)) &&
+                   (!bb || operand_of(bb, l.levels, l.dims, &b)) &&
+                   operand_of((const cn_xla_buffer *)f->rets.items[0], l.levels, l.dims, &y) &&
+                   (!l.center || operand_of((const cn_xla_buffer *)f->rets.items[1], l.levels, l.dims, &mean)) &&
+                   operand_of((const cn_xla_buffer *)f->rets.items[1 + l.center], l.levels, l.dims, &rstd);
+    if (!ok) return fail(f, CN_XLA_ERROR_INVALID_ARGUMENT, "cynorm: operand shapes do not broadcast over the vmap levels");
+    cynorm_desc d = {l.center ? CYNORM_LAYER_NORM : CYNORM_RMS_NORM, cynorm_dtype(xb->dtype),
+                     wb ? cynorm_dtype(wb->dtype) : bb ? cynorm_dtype(bb->dtype) : CYNORM_NO_PARAMS,
+                     l.rows, l.cols, l.eps, (int)l.num_threads, 0, 0};
+    /* groups whose operands follow each other in memory, with one weight and bias for
+     * all, are one call: rows never depend on the call they are in */
+    int64_t groups = l.groups, index[CN_MAX_LEVELS] = {0};
+    int merge = 1;
+    for (int k = 0; k < l.levels; k++)
+        merge &= x.step[k] != 0 && (!wb || w.step[k] == 0) && (!bb || b.step[k] == 0);
+    if (merge) { d.rows = l.rows * l.groups; groups = 1; }
+    for (int64_t g = 0; g < groups; g++, next_index(index, &l)) {
+        cynorm_fwd_bufs bufs = {at(&x, l.levels, index), wb ? at(&w, l.levels, index) : NULL,
+                                bb ? at(&b, l.levels, index) : NULL, at(&y, l.levels, index),
+                                l.center ? at(&mean, l.levels, index) : NULL, at(&rstd, l.levels, index)};
+        int rc = cn_xla_cynorm->forward(&d, &bufs);
+        if (rc != CYNORM_OK) return status(f, rc);
+    }
+    return NULL;
+}
+
+/* dy, x [, mean], rstd [, weight] -> dx [, dweight [, dbias]] */
+static cn_xla_error *cn_xla_backward(cn_xla_call_frame *f)
+{
+    int done;
+    cn_xla_error *err = check_frame(f, &done);
+    if (err || done) return err;
+    layout l;
+    const char *why = f->rets.size >= 1 ? read_layout(f, (const cn_xla_buffer *)f->rets.items[0], &l) : "cynorm: results";
+    if (why) return fail(f, CN_XLA_ERROR_INVALID_ARGUMENT, why);
+    const int64_t grads = l.has_weight ? 1 + l.center : 0;
+    if (f->args.size != 3 + l.center + l.has_weight || f->rets.size != 1 + grads)
+        return fail(f, CN_XLA_ERROR_INVALID_ARGUMENT, "cynorm: wrong number of operands or results");
+    operand dy, x, mean, rstd, w, dx, dw, db;
+    const cn_xla_buffer *xb = (const cn_xla_buffer *)f->args.items[1];
+    const cn_xla_buffer *wb = l.has_weight ? (const cn_xla_buffer *)f->args.items[3 + l.center] : NULL;
+    const int ok = operand_of((const cn_xla_buffer *)f->args.items[0], l.levels, l.dims, &dy) &&
+                   operand_of(xb, l.levels, l.dims, &x) &&
+                   (!l.center || operand_of((const cn_xla_buffer *)f->args.items[2], l.levels, l.dims, &mean)) &&
+                   operand_of((const cn_xla_buffer *)f->args.items[2 + l.center], l.levels, l.dims, &rstd) &&
+                   (!wb || operand_of(wb, l.levels, l.dims, &w)) &&
+                   operand_of((const cn_xla_buffer *)f->rets.items[0], l.levels, l.dims, &dx) &&
+                   (grads < 1 || operand_of((const cn_xla_buffer *)f->rets.items[1], l.levels, l.dims, &dw)) &&
+                   (grads < 2 || operand_of((const cn_xla_buffer *)f->rets.items[2], l.levels, l.dims, &db));
+    if (!ok) return fail(f, CN_XLA_ERROR_INVALID_ARGUMENT, "cynorm: operand shapes do not broadcast over the vmap levels");
+    cynorm_desc d = {l.center ? CYNORM_LAYER_NORM : CYNORM_RMS_NORM, cynorm_dtype(xb->dtype),
+                     wb ? cynorm_dtype(wb->dtype) : CYNORM_NO_PARAMS, l.rows, l.cols, 0.0, (int)l.num_threads, 0, 0};
+    int64_t index[CN_MAX_LEVELS] = {0};
+    /* one call per group: each example's dweight/dbias are its own */
+    for (int64_t g = 0; g < l.groups; g++, next_index(index, &l)) {
+        cynorm_bwd_bufs bufs = {at(&dy, l.levels, index), at(&x, l.levels, index),
+                                l.center ? at(&mean, l.levels, index) : NULL, at(&rstd, l.levels, index),
+                                wb ? at(&w, l.levels, index) : NULL, at(&dx, l.levels, index),
+                                grads >= 1 ? at(&dw, l.levels, index) : NULL, grads >= 2 ? at(&db, l.levels, index) : NULL,
+                                NULL, NULL};
+        int rc = cn_xla_cynorm->backward(&d, &bufs);
+        if (rc != CYNORM_OK) return status(f, rc);
+    }
+    return NULL;
+}
+
+/* The handlers' addresses, for PyCapsules (jax.ffi.register_ffi_target). */
+void *cn_xla_handler_address(int backward)
+{
+    return backward ? (void *)cn_xla_backward : (void *)cn_xla_forward;
+}

@@ -1,0 +1,156 @@
+"""cynorm's kernels as JAX functions, through XLA's FFI.
+
+    import jax, jax.numpy as jnp
+    import cynorm.jax as cnj
+    y = cnj.layer_norm(x, w, b)                               # jit, grad, vmap, checkpoint
+    dx = jax.grad(lambda x: cnj.layer_norm(x, w, b).sum())(x)
+
+``layer_norm`` and ``rms_norm`` are differentiable (``jax.custom_vjp``: the
+forward saves mean/rstd, the backward runs cynorm's backward) and run jitted.
+The kernels are XLA FFI custom calls (``jax.ffi.ffi_call``): XLA's buffers go
+straight to cynorm's C entry point, without Python or the GIL. Under
+``jax.vmap`` a batched weight normalizes each example with its own weight, and
+gradients are per example (a batched or unbatched weight alike); each example
+gets the bits a call on it alone gives. Results are bit-identical to the NumPy
+API's. float64 needs JAX's ``jax_enable_x64`` (without it JAX itself turns
+float64 arrays into float32). Needs the ``jax`` extra: ``pip install "cynorm[jax]"``.
+
+Threads: each call runs cynorm's OpenMP team inside one XLA operation, on the
+XLA thread that runs it. ``num_threads`` caps it; the default is OpenMP's for
+that thread (``OMP_NUM_THREADS``, else every core): threadpoolctl limits set in
+Python do not reach XLA's threads. XLA runs other operations at the same time
+only when they do not depend on each other; to leave cores to them, pass
+``num_threads``.
+"""
+
+import functools
+
+import numpy as np
+
+try:
+    import jax
+    import jax.numpy as jnp
+except ImportError as exc:  # pragma: no cover - the extra is missing
+    raise ImportError("cynorm.jax needs jax: pip install 'cynorm[jax]'") from exc
+
+from . import _core, _dtypes
+from ._api import _axis, _eps
+from ._threads import MAX_THREADS
+
+__all__ = ["layer_norm", "rms_norm"]
+
+for _name, _capsule in _core.xla_targets().items():
+    jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
+
+
+def _threads(num_threads):
+    if num_threads is None:
+        return 0
+    if isinstance(num_threads, bool) or not isinstance(num_threads, (int, np.integer)):
+        raise TypeError(f"num_threads must be an int >= 1 or None, got {type(num_threads).__name__}")
+    if not 1 <= num_threads <= MAX_THREADS:
+        raise ValueError(f"num_threads must be in 1..{MAX_THREADS} (or None for the default), got {num_threads}")
+    return int(num_threads)
+
+
+def _check(x, weight, bias, axis, eps):
+    """Validate as the NumPy API does; returns (axis in [0, ndim), stats dtype)."""
+    if x.ndim == 0:
+        raise ValueError("cynorm: x must have at least one dimension, got a 0-d array")
+    axis = _axis(axis, x.ndim)
+    norm_shape = tuple(x.shape[axis:])
+    xd = np.dtype(x.dtype)
+    _dtypes.check_x_dtype(xd)
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and tuple(p.shape) != norm_shape:
+            raise ValueError(f"cynorm: {name} must have shape x.shape[axis:] = {norm_shape}, got {tuple(p.shape)}")
+    if weight is not None and bias is not None and weight.dtype != bias.dtype:
+        raise TypeError(f"cynorm: weight and bias must have the same dtype, got {weight.dtype} and {bias.dtype}")
+    given = weight if weight is not None else bias
+    pair = _dtypes.resolve(xd, None if given is None else np.dtype(given.dtype))
+    if eps is not None and not (eps >= 0.0 and np.isfinite(eps)):
+        raise ValueError(f"cynorm: eps must be finite and >= 0, got {eps!r}")
+    if 0 in norm_shape:
+        raise ValueError(f"cynorm: the normalized dimensions x.shape[axis:] = {norm_shape} have zero size")
+    return axis, pair.stat
+
+
+def _attrs(x, axis, center, has_weight, has_bias, num_threads):
+    return dict(center=np.int32(center), x_ndim=np.int32(x.ndim), norm_ndim=np.int32(x.ndim - axis),
+                has_weight=np.int32(has_weight), has_bias=np.int32(has_bias), num_threads=np.int32(num_threads))
+
+
+def _forward(x, weight, bias, axis, eps, center, num_threads):
+    axis, stat = _check(x, weight, bias, axis, eps)
+    stat_shape = tuple(x.shape[:axis]) + (1,) * (x.ndim - axis)
+    results = [jax.ShapeDtypeStruct(x.shape, x.dtype)]
+    results += [jax.ShapeDtypeStruct(stat_shape, stat)] * (2 if center else 1)
+    args = [x] + [p for p in (weight, bias) if p is not None]
+    out = jax.ffi.ffi_call("cynorm_forward", results, vmap_method="expand_dims")(
+        *args, eps=np.float64(eps), **_attrs(x, axis, center, weight is not None, bias is not None, num_threads))
+    return (out[0], out[1], out[2]) if center else (out[0], None, out[1])
+
+
+def _backward(dy, x, mean, rstd, weight, axis, center, num_threads):
+    axis, _ = _check(x, weight, None, axis, None)
+    results = [jax.ShapeDtypeStruct(x.shape, x.dtype)]
+    if weight is not None:
+        results += [jax.ShapeDtypeStruct(weight.shape, _dtypes.resolve(np.dtype(x.dtype), np.dtype(weight.dtype)).grad)]
+        if center:
+            results.append(results[-1])
+    args = [dy, x] + ([mean] if center else []) + [rstd] + ([weight] if weight is not None else [])
+    out = jax.ffi.ffi_call("cynorm_backward", results, vmap_method="expand_dims")(
+        *args, **_attrs(x, axis, center, weight is not None, False, num_threads))
+    out = list(out) + [None] * (3 - len(out))
+    return out[0], out[1], out[2]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _norm(x, weight, bias, axis, eps, center, num_threads):
+    return _forward(x, weight, bias, axis, eps, center, num_threads)[0]
+
+
+def _norm_fwd(x, weight, bias, axis, eps, center, num_threads):
+    y, mean, rstd = _forward(x, weight, bias, axis, eps, center, num_threads)
+    return y, (x, weight, bias, mean, rstd)
+
+
+def _norm_bwd(axis, eps, center, num_threads, res, dy):
+    x, weight, bias, mean, rstd = res
+    w = weight
+    if w is None and bias is not None:   # dbias needs the weight path: a weight of ones changes no bit
+        w = jnp.ones_like(bias)
+    dx, dw, db = _backward(dy.astype(x.dtype), x, mean, rstd, w, axis, center, num_threads)
+    return dx, (dw if weight is not None else None), (db if bias is not None else None)
+
+
+_norm.defvjp(_norm_fwd, _norm_bwd)
+
+
+@functools.partial(jax.jit, static_argnames=("axis", "eps", "center", "num_threads"))
+def _jitted(x, weight, bias, axis, eps, center, num_threads):
+    return _norm(x, weight, bias, axis, eps, center, num_threads)
+
+
+def _static_axis(axis):
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"cynorm: axis must be an int, got {type(axis).__name__}")
+    return int(axis)
+
+
+def _as_array(a):
+    return a if a is None or isinstance(a, jax.Array) or hasattr(a, "aval") else jnp.asarray(a)
+
+
+def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, num_threads=None):
+    """LayerNorm over ``x.shape[axis:]`` as a differentiable JAX function (see the module docstring);
+    arguments as ``cynorm.layer_norm``. Returns y with x's dtype."""
+    return _jitted(_as_array(x), _as_array(weight), _as_array(bias), axis=_static_axis(axis), eps=_eps(eps),
+                   center=True, num_threads=_threads(num_threads))
+
+
+def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, num_threads=None):
+    """RMSNorm over ``x.shape[axis:]`` as a differentiable JAX function; arguments as
+    ``cynorm.rms_norm``. Returns y with x's dtype."""
+    return _jitted(_as_array(x), _as_array(weight), None, axis=_static_axis(axis), eps=_eps(eps), center=False,
+                   num_threads=_threads(num_threads))

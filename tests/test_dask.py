@@ -1,0 +1,212 @@
+"""cynorm.dask: the lazy forward and the exact backward, against one cynorm call on
+the whole array (bit for bit, any chunking), on the threaded scheduler and on a
+distributed LocalCluster of worker processes, one of them killed mid-backward."""
+
+import os
+import signal
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+da = pytest.importorskip("dask.array", reason="the dask extra is not installed (pip install 'cynorm[dask]')")
+distributed = pytest.importorskip("distributed", reason="the dask extra is not installed (pip install 'cynorm[dask]')")
+import dask  # noqa: E402
+from dask.array.core import PerformanceWarning  # noqa: E402
+
+import cynorm  # noqa: E402
+import cynorm.dask as cnd  # noqa: E402
+from conftest import F64, PAIRS, make_inputs  # noqa: E402
+
+
+def same(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def whole_array(norm, dy, x, w, b, axis):
+    """One NumPy cynorm call: the forward's and the backward's outputs."""
+    if norm == "layer":
+        y, mean, rstd = cynorm.layer_norm_forward(x, w, b, axis=axis)
+        return (y, mean, rstd), cynorm.layer_norm_backward(dy, x, mean, rstd, w, axis=axis)
+    y, rstd = cynorm.rms_norm_forward(x, w, axis=axis)
+    return (y, rstd), cynorm.rms_norm_backward(dy, x, rstd, w, axis=axis)
+
+
+def lazy(norm, DY, X, w, b, axis):
+    if norm == "layer":
+        fwd = cnd.layer_norm_forward(X, w, b, axis=axis)
+        return fwd, cnd.layer_norm_backward(DY, X, fwd[1], fwd[2], w, axis=axis)
+    fwd = cnd.rms_norm_forward(X, w, axis=axis)
+    return fwd, cnd.rms_norm_backward(DY, X, fwd[1], w, axis=axis)
+
+
+def random_chunks(rng, n):
+    bounds = sorted({0, n, *rng.integers(1, n, size=int(rng.integers(0, 6))).tolist()})
+    return tuple(int(b - a) for a, b in zip(bounds, bounds[1:]))
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("pair", PAIRS)
+def test_any_row_chunking_gives_the_whole_arrays_bits(pair, norm, rng):
+    x, dy, w, b = make_inputs(rng, (2500, 300), -1, pair)
+    want_fwd, want_bwd = whole_array(norm, dy, x, w, b, -1)
+    for _ in range(4):
+        rows = random_chunks(rng, 2500)
+        X, DY = da.from_array(x, chunks=(rows, 300)), da.from_array(dy, chunks=(rows, 300))
+        fwd, bwd = lazy(norm, DY, X, w, b, -1)
+        assert all(isinstance(a, da.Array) for a in fwd + bwd)
+        assert fwd[0].dtype == x.dtype and fwd[0].chunks == X.chunks and bwd[0].chunks == X.chunks
+        assert fwd[-1].chunks == (rows, (1,))
+        got_fwd = dask.compute(*fwd, scheduler="threads")
+        got_bwd = dask.compute(*bwd, scheduler="threads")
+        for got, want in zip(got_fwd + got_bwd, want_fwd + tuple(want_bwd)):
+            assert same(got, want), rows
+
+
+def test_meta_dtypes_and_chunks_without_computing():
+    x = da.zeros((10, 4, 6), chunks=(3, 4, 6), dtype=np.float16)
+    y, mean, rstd = cnd.layer_norm_forward(x, np.ones((4, 6), np.float32), axis=1)
+    assert (y.dtype, mean.dtype, rstd.dtype) == (np.float16, np.float32, np.float32)
+    assert type(y._meta) is np.ndarray and y._meta.dtype == np.float16 and mean._meta.dtype == np.float32
+    assert y.chunks == x.chunks and mean.chunks == ((3, 3, 3, 1), (1,), (1,))
+    dx, dw, db = cnd.layer_norm_backward(x, x, mean, rstd, np.ones((4, 6), np.float32), axis=1)
+    assert (dx.dtype, dw.dtype, db.dtype) == (np.float16, np.float32, np.float32)
+    assert dw.shape == (4, 6) and dw._meta.dtype == np.float32 and dx.chunks == x.chunks
+
+
+@pytest.mark.parametrize("pair", [PAIRS[0], PAIRS[2]])
+def test_leading_axes_chunked_and_normalized_axes_split(pair, rng):
+    x, dy, w, b = make_inputs(rng, (6, 50, 8, 16), 2, pair)
+    want_fwd, want_bwd = whole_array("layer", dy, x, w, b, 2)
+    X = da.from_array(x, chunks=(4, 7, 8, 16))
+    DY = da.from_array(dy, chunks=(1, 50, 3, 16))   # split along a normalized axis
+    with pytest.warns(PerformanceWarning, match=r"rechunk\(\{2: -1\}\)"):
+        fwd, bwd = lazy("layer", DY, X, w, b, 2)
+    assert bwd[0].chunks == X.chunks
+    for got, want in zip(dask.compute(*fwd, scheduler="sync") + dask.compute(*bwd, scheduler="sync"),
+                         want_fwd + tuple(want_bwd)):
+        assert same(got, want)
+
+
+def test_block_rows_chunks_need_no_rechunk(rng):
+    x, dy, w, b = make_inputs(rng, (4000, 64), -1, PAIRS[0].values[0])
+    B = cnd.block_rows(x.shape, -1, x.dtype)
+    X = da.from_array(x, chunks=(3 * B, 64))
+    _, mean, rstd = cnd.layer_norm_forward(X, w, b)
+    dx, dw, db = cnd.layer_norm_backward(X, X, mean, rstd, w)
+    layers = dict(dw.dask.layers)
+    assert not any(name.startswith("rechunk") for name in layers)
+    _, mean0, rstd0 = cynorm.layer_norm_forward(x, w, b)
+    assert same(dw.compute(), cynorm.layer_norm_backward(x, x, mean0, rstd0, w)[1])
+
+
+def test_stays_close_to_float64(rng):
+    x, dy, w, b = make_inputs(rng, (3000, 512), -1, PAIRS[0].values[0])
+    X, DY = da.from_array(x, chunks=(700, 512)), da.from_array(dy, chunks=(700, 512))
+    _, mean, rstd = cnd.layer_norm_forward(X, w, b)
+    dw = cnd.layer_norm_backward(DY, X, mean, rstd, w)[1].compute()
+    x64 = x.astype(F64)
+    xhat = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-5)
+    dw64 = (dy.astype(F64) * xhat).sum(0)
+    assert np.max(np.abs(dw - dw64)) <= 1e-5 * np.max(np.abs(dw64))
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda X, w: cnd.layer_norm(X, w[:-1]), ValueError, "weight must have shape"),
+    (lambda X, w: cnd.layer_norm(X.astype(np.int32), None), TypeError, "supported input dtypes"),
+    (lambda X, w: cnd.layer_norm(X, w.astype(np.float16)), TypeError, "unsupported dtypes"),
+    (lambda X, w: cnd.rms_norm(X[X[:, 0] > 0], w), ValueError, "compute_chunk_sizes"),
+    (lambda X, w: cnd.layer_norm(X, w, eps=-1.0), ValueError, "eps"),
+    (lambda X, w: cnd.layer_norm(X, w, num_threads=0), ValueError, "num_threads"),
+    (lambda X, w: cnd.layer_norm_backward(X[:, :4], X, X[:, :1], X[:, :1], w), ValueError, "dy must have the shape"),
+    (lambda X, w: cnd.layer_norm_backward(X, X, X[:, :1], X[:, :1].astype(np.float64), w), TypeError,
+     "rstd must have dtype float32"),
+    (lambda X, w: cnd.rms_norm_backward(X, X, X[:2, :1], w), ValueError, "rstd must have shape"),
+])
+def test_bad_input_is_refused_with_a_message(call, exc, match):
+    X = da.ones((20, 8), chunks=(5, 8), dtype=np.float32)
+    with pytest.raises(exc, match=match):
+        call(X, np.ones(8, np.float32))
+
+
+# ---------------------------------------------------------- distributed --
+
+@pytest.fixture(scope="module")
+def cluster():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # port-in-use notes from the dashboard
+        with distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None,
+                                      memory_limit="2GiB", silence_logs=40) as c, distributed.Client(c) as client:
+            yield c, client
+
+
+def test_on_a_local_cluster_of_worker_processes(cluster, rng):
+    c, client = cluster
+    assert len(client.scheduler_info()["workers"]) == 2
+    x, dy, w, b = make_inputs(rng, (6000, 200), -1, PAIRS[3].values[0])
+    want_fwd, want_bwd = whole_array("layer", dy, x, w, b, -1)
+    X, DY = da.from_array(x, chunks=(900, 200)), da.from_array(dy, chunks=(900, 200))
+    fwd, bwd = lazy("layer", DY, X, w, b, -1)
+    with distributed.get_task_stream(client) as stream:
+        got = client.compute(list(fwd) + list(bwd), sync=True)
+    for g, want in zip(got, want_fwd + tuple(want_bwd)):
+        assert same(g, want)
+    ran = {t["worker"] for t in stream.data if t["key"][0].startswith("cynorm-layer_norm-backward")}
+    assert len(ran) == 2   # the backward ran on both processes
+
+
+def _threads_while_running(n_running):
+    """cynorm.dask's thread count for a task, once n_running tasks run on this worker."""
+    state = distributed.get_worker().state
+    deadline = time.monotonic() + 20
+    while len(state.executing) < n_running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    seen = cnd._task_threads(None), cnd._task_threads(1), len(state.executing)
+    time.sleep(1.0)   # stay running while the other task (polling every 10 ms) looks
+    return seen
+
+
+def test_tasks_share_the_workers_threads(cluster):
+    c, client = cluster
+    addr = sorted(client.scheduler_info()["workers"])[0]
+    assert client.submit(_threads_while_running, 1, workers=[addr], pure=False).result() == (2, 1, 1)
+    pair = [client.submit(_threads_while_running, 2, workers=[addr], pure=False, key=f"t{k}") for k in range(2)]
+    assert [f.result() for f in pair] == [(1, 1, 2), (1, 1, 2)]
+
+
+def _slow_copy(block):
+    time.sleep(0.15)
+    return block.copy()
+
+
+def test_a_worker_killed_mid_backward_changes_no_bit(cluster, rng):
+    c, client = cluster
+    x, dy, w, b = make_inputs(rng, (6000, 128), -1, PAIRS[0].values[0])
+    _, want = whole_array("layer", dy, x, w, b, -1)
+    X = da.from_array(x, chunks=(400, 128))
+    DY = da.from_array(dy, chunks=(400, 128)).map_blocks(_slow_copy, dtype=dy.dtype)   # time to kill in
+    _, mean, rstd = cnd.layer_norm_forward(X, w, b)
+    dx, dw, db = cnd.layer_norm_backward(DY, X, mean, rstd, w)
+    futures = client.compute([dx, dw, db])
+    scheduler = c.scheduler
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:   # until some backward partials are held by workers
+        held = [ts for key, ts in scheduler.tasks.items() 
+                if key[0].startswith("cynorm-layer_norm-backward") and ts.state == "memory"]
+        if held:
+            break
+        time.sleep(0.01)
+    assert held and not futures[1].done()
+    victim = next(iter(held[0].who_has)).address
+    before = set(client.scheduler_info()["workers"])
+    nanny = next(n for n in c.workers.values() if n.worker_address == victim)
+    os.kill(nanny.process.process.pid, signal.SIGKILL)   # the worker process dies; its nanny starts another
+    got = client.gather(futures)
+    deadline = time.monotonic() + 30
+    while victim in client.scheduler_info()["workers"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert victim in before and victim not in client.scheduler_info()["workers"]   # it did die
+    for g, want_k in zip(got, want):
+        assert same(g, want_k)

@@ -1,0 +1,181 @@
+"""cynorm.jax: the XLA FFI op against the NumPy API, bit for bit, eagerly and
+under jit, grad, vmap (batched and unbatched weight), jit(vmap(grad)) and
+jax.checkpoint, for every dtype pair."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax", reason="the jax extra is not installed (pip install 'cynorm[jax]')")
+import jax.numpy as jnp  # noqa: E402
+
+import cynorm  # noqa: E402
+import cynorm.jax as cnj  # noqa: E402
+from conftest import PAIRS, make_inputs  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def x64_for_float64(request):
+    """float64 arrays stay float64 in JAX only with jax_enable_x64 (else JAX makes them float32)."""
+    pair = getattr(request.node, "callspec", None) and request.node.callspec.params.get("pair")
+    if pair is not None and pair[0] == np.float64:
+        with jax.enable_x64(True):
+            yield
+    else:
+        yield
+
+
+def bits(a):
+    a = np.asarray(a)
+    return a.view(np.uint8 if a.dtype.itemsize == 1 else f"u{a.dtype.itemsize}")
+
+
+def same(a, b):
+    return np.asarray(a).dtype == np.asarray(b).dtype and np.array_equal(bits(a), bits(b))
+
+
+def numpy_grads(norm, dy, x, w, b, axis):
+    """cynorm's NumPy forward/backward: y and (dx, dweight, dbias)."""
+    if norm == "layer":
+        y, mean, rstd = cynorm.layer_norm_forward(x, w, b, axis=axis)
+        return y, cynorm.layer_norm_backward(dy, x, mean, rstd, w, axis=axis)
+    y, rstd = cynorm.rms_norm_forward(x, w, axis=axis)
+    dx, dw = cynorm.rms_norm_backward(dy, x, rstd, w, axis=axis)
+    return y, (dx, dw, None)
+
+
+def jax_fn(norm, axis, **kw):
+    if norm == "layer":
+        return lambda x, w, b: cnj.layer_norm(x, w, b, axis=axis, **kw)
+    return lambda x, w, b: cnj.rms_norm(x, w, axis=axis, **kw)
+
+
+def test_import_cynorm_does_not_import_the_frameworks():
+    code = "import sys, cynorm; print([m for m in ('jax', 'dask', 'onnx') if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("pair", PAIRS)
+@pytest.mark.parametrize("shape, axis", [((37, 300), -1), ((3, 5, 7, 16), 2), ((2, 4100), 1)])
+def test_forward_and_vjp_match_the_numpy_api(pair, norm, shape, axis, rng):
+    x, dy, w, b = make_inputs(rng, shape, axis, pair)
+    y0, (dx0, dw0, db0) = numpy_grads(norm, dy, x, w, b, axis)
+    f = jax_fn(norm, axis)
+    assert same(f(x, w, b), y0)
+    y, vjp = jax.vjp(f, jnp.asarray(x), jnp.asarray(w), jnp.asarray(b))
+    dx, dw, db = vjp(jnp.asarray(dy))
+    assert same(y, y0) and same(dx, dx0) and same(dw, dw0)
+    if norm == "layer":
+        assert same(db, db0)
+    else:
+        assert not np.asarray(db).any()   # rms_norm has no bias: its cotangent is zero
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("pair", PAIRS)
+def test_grad_under_jit_and_checkpoint(pair, norm, rng):
+    x, dy, w, b = make_inputs(rng, (64, 96), -1, pair)
+    _, (dx0, dw0, db0) = numpy_grads(norm, dy, x, w, b, -1)
+    f = jax_fn(norm, -1)
+
+    def loss(x, w, b):   # d loss / d y = dy, exactly
+        return jnp.sum((f(x, w, b) * dy).astype(jnp.float32))
+
+    for g in (jax.jit(jax.grad(loss, argnums=(0, 1))), jax.grad(jax.checkpoint(loss), argnums=(0, 1))):
+        dx, dw = g(x, w, b)
+        assert same(dx, dx0) and same(dw, dw0)
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_vmap_batched_weight_normalizes_each_example_with_its_own(pair, rng):
+    xs, dys, ws, bs = zip(*(make_inputs(rng, (9, 40), -1, pair) for _ in range(5)))
+    X, DY, W, Bi = (np.stack(a) for a in (xs, dys, ws, bs))
+
+    def per_example(x, w, b, dy):
+        y, vjp = jax.vjp(lambda x, w, b: cnj.layer_norm(x, w, b), x, w, b)
+        return (y,) + vjp(dy)
+
+    got = jax.jit(jax.vmap(per_example))(X, W, Bi, DY)
+    for i in range(5):
+        y0, (dx0, dw0, db0) = numpy_grads("layer", dys[i], xs[i], ws[i], bs[i], -1)
+        for g, want in zip(got, (y0, dx0, dw0, db0)):
+            assert same(g[i], want)
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("pair", PAIRS)
+def test_per_example_gradients_of_an_unbatched_weight(pair, norm, rng):
+    """jit(vmap(grad)) with in_axes=(0, None): one dweight per example, each what
+    a call on that example alone gives."""
+    X, DY, w, b = make_inputs(rng, (6, 11, 64), 2, pair)
+    f = jax_fn(norm, -1)
+
+    def grads(x, dy, w, b):
+        _, vjp = jax.vjp(f, x, w, b)
+        return vjp(dy)
+
+    dx, dw, db = jax.jit(jax.vmap(grads, in_axes=(0, 0, None, None)))(X, DY, w, b)
+    assert dw.shape == (6, 64)
+    for i in range(6):
+        _, (dx0, dw0, db0) = numpy_grads(norm, DY[i], X[i], w, b, -1)
+        assert same(dx[i], dx0) and same(dw[i], dw0)
+        if norm == "layer":
+            assert same(db[i], db0)
+
+
+def test_nested_vmap_and_a_batch_axis_that_is_not_leading(rng):
+    pair = PAIRS[0].values[0]
+    X, _, w, b = make_inputs(rng, (3, 4, 5, 32), 3, pair)
+    y = jax.vmap(jax.vmap(lambda x: cnj.layer_norm(x, w, b)))(X)
+    assert same(y, cynorm.layer_norm(X, w, b))
+    Xt = np.ascontiguousarray(np.moveaxis(X, 0, 1))     # batch along axis 1
+    y = jax.vmap(lambda x: cnj.layer_norm(x, w, b), in_axes=1, out_axes=1)(Xt)
+    assert same(y, cynorm.layer_norm(Xt, w, b))
+    # a weight batched over the outer level only
+    W = np.stack([w, 2 * w, 3 * w])
+    y = jax.vmap(lambda x, w: jax.vmap(lambda x: cnj.layer_norm(x, w, b))(x))(X, W)
+    for i in range(3):
+        assert same(y[i], cynorm.layer_norm(X[i], W[i], b))
+
+
+def test_bias_without_weight_and_no_params(rng):
+    pair = PAIRS[0].values[0]
+    x, dy, w, b = make_inputs(rng, (10, 50), -1, pair)
+    y, vjp = jax.vjp(lambda x, b: cnj.layer_norm(x, None, b), x, b)
+    assert same(y, cynorm.layer_norm(x, None, b))
+    dx, db = vjp(jnp.asarray(dy))
+    _, mean, rstd = cynorm.layer_norm_forward(x)
+    dx0, _, db0 = cynorm.layer_norm_backward(dy, x, mean, rstd, np.ones_like(b))
+    assert same(dx, dx0) and same(db, db0)
+    dx = jax.grad(lambda x: jnp.sum(cnj.rms_norm(x) * dy))(x)
+    _, rstd = cynorm.rms_norm_forward(x)
+    assert same(dx, cynorm.rms_norm_backward(dy, x, rstd)[0])
+
+
+def test_num_threads_and_eps(rng):
+    pair = PAIRS[0].values[0]
+    x, _, w, b = make_inputs(rng, (300, 1000), -1, pair)
+    want = cynorm.layer_norm(x, w, b, eps=0.5)
+    for t in (None, 1, 2, 3):
+        assert same(cnj.layer_norm(x, w, b, eps=0.5, num_threads=t), want)
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda x, w: cnj.layer_norm(x, w[:-1]), ValueError, "weight must have shape"),
+    (lambda x, w: cnj.layer_norm(x.astype(jnp.int32), None), TypeError, "supported input dtypes"),
+    (lambda x, w: cnj.layer_norm(x, w.astype(jnp.float16)), TypeError, "unsupported dtypes"),
+    (lambda x, w: cnj.layer_norm(x, w, axis=2), ValueError, "axis"),
+    (lambda x, w: cnj.layer_norm(x, w, axis=1.0), TypeError, "axis must be an int"),
+    (lambda x, w: cnj.layer_norm(x, w, eps=-1.0), ValueError, "eps"),
+    (lambda x, w: cnj.rms_norm(x, w, num_threads=0), ValueError, "num_threads"),
+    (lambda x, w: cnj.rms_norm(x[:, :0], None), ValueError, "zero size"),
+])
+def test_bad_input_is_refused_with_a_message(call, exc, match):
+    x = jnp.ones((4, 8), jnp.float32)
+    w = jnp.ones((8,), jnp.float32)
+    with pytest.raises(exc, match=match):
+        call(x, w)
