@@ -4,6 +4,7 @@
     python benchmarks/bench.py seed [--threads N] [--axes chw|last|both] [--quick] [--aligned] [--json F]
     python benchmarks/bench.py roofline [--threads N] [--aligned] [--json F]
     python benchmarks/bench.py scaling --threads 1,2,4,8 [--quick] --json F --plot P.png
+    python benchmarks/bench.py jax | dask       (cynorm from JAX and Dask: benchmarks/frameworks.py)
 
 seed and roofline take --baseline-python PY: a second cynorm worker runs under
 that interpreter (another build, e.g. the commit before a change), alternating
@@ -648,11 +649,26 @@ def _plot_scaling(results, threads, cores, cpu, isa, path):
     fig.savefig(path, dpi=110)
 
 
+def _frameworks(argv):
+    sys.path.insert(0, HERE)
+    import frameworks
+    p = argparse.ArgumentParser(prog=f"bench.py {argv[0]}", description=frameworks.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=5 if argv[0] == "jax" else 3)
+    p.add_argument("--json", help="also write the results here")
+    if argv[0] == "dask":
+        p.add_argument("--gib", type=float, default=4.0, help="size of x in GiB (dy is as large)")
+    args = p.parse_args(argv[1:])
+    (frameworks.cmd_jax if argv[0] == "jax" else frameworks.cmd_dask)(args)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "_worker":
         _worker_main(argv[1])
         return
+    if argv and argv[0] in ("jax", "dask"):   # the framework benchmarks (benchmarks/frameworks.py)
+        return _frameworks(argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 

@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cn_pages.h"
 #include "cn_xla_ffi.h"
 #include "cynorm.h"
 
@@ -156,6 +157,18 @@ static void next_index(int64_t *index, const layout *l)
     }
 }
 
+/* XLA allocates every output afresh. With glibc's malloc a large one is a new
+ * mapping whose pages are not in yet (with tcmalloc they are: reused memory).
+ * A fresh one gets huge pages advised (as cynorm's own outputs have) and the
+ * fresh-output path (its pages faulted in just ahead of the writes). */
+static unsigned fresh_output(void *data, int64_t elems, int xla_dtype)
+{
+    const size_t bytes = (size_t)(elems * item_bytes(xla_dtype));
+    if (!cn_pages_absent(data, bytes)) return 0;
+    cn_advise_huge(data, bytes);
+    return CYNORM_FRESH_OUTPUT;
+}
+
 static cn_xla_error *status(const cn_xla_call_frame *f, int rc)
 {
     if (rc == CYNORM_OK) return NULL;
@@ -206,6 +219,7 @@ static cn_xla_error *cn_xla_forward(cn_xla_call_frame *f)
     for (int k = 0; k < l.levels; k++)
         merge &= x.step[k] != 0 && (!wb || w.step[k] == 0) && (!bb || b.step[k] == 0);
     if (merge) { d.rows = l.rows * l.groups; groups = 1; }
+    d.flags = fresh_output(y.data, d.rows * l.cols, xb->dtype);
     for (int64_t g = 0; g < groups; g++, next_index(index, &l)) {
         cynorm_fwd_bufs bufs = {at(&x, l.levels, index), wb ? at(&w, l.levels, index) : NULL,
                                 bb ? at(&b, l.levels, index) : NULL, at(&y, l.levels, index),
@@ -243,6 +257,7 @@ static cn_xla_error *cn_xla_backward(cn_xla_call_frame *f)
     cynorm_desc d = {l.center ? CYNORM_LAYER_NORM : CYNORM_RMS_NORM, cynorm_dtype(xb->dtype),
                      wb ? cynorm_dtype(wb->dtype) : CYNORM_NO_PARAMS, l.rows, l.cols, 0.0, (int)l.num_threads, 0, 0};
     int64_t index[CN_MAX_LEVELS] = {0};
+    d.flags = fresh_output(dx.data, l.groups * l.rows * l.cols, xb->dtype);
     /* one call per group: each example's dweight/dbias are its own */
     for (int64_t g = 0; g < l.groups; g++, next_index(index, &l)) {
         cynorm_bwd_bufs bufs = {at(&dy, l.levels, index), at(&x, l.levels, index),

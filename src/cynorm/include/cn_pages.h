@@ -27,8 +27,32 @@ static inline void cn_populate_write(void *dst, size_t bytes)
     uintptr_t a = (uintptr_t)dst & ~(uintptr_t)4095, e = ((uintptr_t)dst + bytes + 4095) & ~(uintptr_t)4095;
     if (bytes) (void)madvise((void *)a, (size_t)(e - a), MADV_POPULATE_WRITE);
 }
+
+/* 1 if dst[0:bytes] looks freshly mapped (its middle page is not in memory):
+ * for buffers allocated by others (XLA's), where only the allocator knows. */
+extern int mincore(void *addr, size_t len, unsigned char *vec);
+static inline int cn_pages_absent(void *dst, size_t bytes)
+{
+    unsigned char in = 1;
+    uintptr_t mid = ((uintptr_t)dst + bytes / 2) & ~(uintptr_t)4095;
+    return bytes >= ((size_t)1 << 20) && mincore((void *)mid, 4096, &in) == 0 && !(in & 1);
+}
+
+/* Ask for huge pages on the 2 MiB pages inside dst[0:bytes] not yet faulted
+ * in (advice only: no byte changes). */
+#ifndef MADV_HUGEPAGE
+#define MADV_HUGEPAGE 14
+#endif
+static inline void cn_advise_huge(void *dst, size_t bytes)
+{
+    uintptr_t a = ((uintptr_t)dst + CN_HUGE_PAGE - 1) & ~(uintptr_t)(CN_HUGE_PAGE - 1);
+    uintptr_t e = ((uintptr_t)dst + bytes) & ~(uintptr_t)(CN_HUGE_PAGE - 1);
+    if (e > a) (void)madvise((void *)a, (size_t)(e - a), MADV_HUGEPAGE);
+}
 #else
 static inline void cn_populate_write(void *dst, size_t bytes) { (void)dst; (void)bytes; }
+static inline int cn_pages_absent(void *dst, size_t bytes) { (void)dst; (void)bytes; return 0; }
+static inline void cn_advise_huge(void *dst, size_t bytes) { (void)dst; (void)bytes; }
 #endif
 
 /* Thread t's share (of T) of cn_populate_write(dst, bytes), in whole 2 MiB
