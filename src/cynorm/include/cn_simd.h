@@ -157,8 +157,6 @@ CN_INLINE cn_vf cn_vf_set1(float s) { return _mm512_set1_ps(s); }
 CN_INLINE cn_vf cn_vf_add(cn_vf a, cn_vf b) { return _mm512_add_ps(a, b); }
 CN_INLINE cn_vf cn_vf_sub(cn_vf a, cn_vf b) { return _mm512_sub_ps(a, b); }
 CN_INLINE cn_vf cn_vf_mul(cn_vf a, cn_vf b) { return _mm512_mul_ps(a, b); }
-CN_INLINE cn_vf cn_vf_fmadd(cn_vf a, cn_vf b, cn_vf c) { return _mm512_fmadd_ps(a, b, c); }
-CN_INLINE cn_vf cn_vf_fnmadd(cn_vf a, cn_vf b, cn_vf c) { return _mm512_fnmadd_ps(a, b, c); }
 CN_INLINE cn_vf cn_vf_keepn(cn_vf v, int64_t n) { return _mm512_maskz_mov_ps(cn_mask16(n), v); }
 CN_INLINE float cn_vf_hsum(cn_vf v)
 {
@@ -216,8 +214,6 @@ CN_INLINE cn_vd cn_vd_set1(double s) { return _mm512_set1_pd(s); }
 CN_INLINE cn_vd cn_vd_add(cn_vd a, cn_vd b) { return _mm512_add_pd(a, b); }
 CN_INLINE cn_vd cn_vd_sub(cn_vd a, cn_vd b) { return _mm512_sub_pd(a, b); }
 CN_INLINE cn_vd cn_vd_mul(cn_vd a, cn_vd b) { return _mm512_mul_pd(a, b); }
-CN_INLINE cn_vd cn_vd_fmadd(cn_vd a, cn_vd b, cn_vd c) { return _mm512_fmadd_pd(a, b, c); }
-CN_INLINE cn_vd cn_vd_fnmadd(cn_vd a, cn_vd b, cn_vd c) { return _mm512_fnmadd_pd(a, b, c); }
 CN_INLINE cn_vd cn_vd_keepn(cn_vd v, int64_t n) { return _mm512_maskz_mov_pd(cn_mask8(n), v); }
 CN_INLINE double cn_vd_hsum(cn_vd v)
 {
@@ -271,58 +267,95 @@ CN_INLINE void cn_stream_fence(void) { _mm_sfence(); }
 /* ====================================================================== AVX2 */
 #elif defined(CN_AVX2)
 
-typedef __m256 cn_vf;
-typedef __m256d cn_vd;
-#define CN_VF_LANES 8
-#define CN_VD_LANES 4
+/* The same 16 fp32 / 8 fp64 lanes as AVX-512, as two registers each: every
+ * level adds in one order (lane i with lane i + 8, then i + 4, ...). */
+typedef struct { __m256 lo, hi; } cn_vf;
+typedef struct { __m256d lo, hi; } cn_vd;
+#define CN_VF_LANES 16
+#define CN_VD_LANES 8
 
 /* Sliding windows: loading at (table + 8 - n) gives a mask of n leading ones. */
 static const int32_t cn_mask32_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
 static const int64_t cn_mask64_table[8] = {-1, -1, -1, -1, 0, 0, 0, 0};
 CN_INLINE __m256i cn_mask32(int64_t n) { return _mm256_loadu_si256((const __m256i *)(cn_mask32_table + 8 - n)); }
 CN_INLINE __m256i cn_mask64(int64_t n) { return _mm256_loadu_si256((const __m256i *)(cn_mask64_table + 4 - n)); }
+/* lanes of the low register and of the high one among the first n of 2*half */
+#define CN_LO_N(n, half) ((n) < (half) ? (n) : (half))
+#define CN_HI_N(n, half) ((n) > (half) ? (n) - (half) : 0)
 
-CN_INLINE cn_vf cn_vf_zero(void) { return _mm256_setzero_ps(); }
-CN_INLINE cn_vf cn_vf_set1(float s) { return _mm256_set1_ps(s); }
-CN_INLINE cn_vf cn_vf_add(cn_vf a, cn_vf b) { return _mm256_add_ps(a, b); }
-CN_INLINE cn_vf cn_vf_sub(cn_vf a, cn_vf b) { return _mm256_sub_ps(a, b); }
-CN_INLINE cn_vf cn_vf_mul(cn_vf a, cn_vf b) { return _mm256_mul_ps(a, b); }
-CN_INLINE cn_vf cn_vf_fmadd(cn_vf a, cn_vf b, cn_vf c) { return _mm256_fmadd_ps(a, b, c); }
-CN_INLINE cn_vf cn_vf_fnmadd(cn_vf a, cn_vf b, cn_vf c) { return _mm256_fnmadd_ps(a, b, c); }
-CN_INLINE cn_vf cn_vf_keepn(cn_vf v, int64_t n) { return _mm256_and_ps(v, _mm256_castsi256_ps(cn_mask32(n))); }
-CN_INLINE float cn_vf_hsum(cn_vf v)
+#define CN_AVX2_ARITH(V, R, S, PS)                                                              \
+    CN_INLINE V V##_zero(void) { V r = {_mm256_setzero_##PS(), _mm256_setzero_##PS()}; return r; } \
+    CN_INLINE V V##_set1(S s) { V r = {_mm256_set1_##PS(s), _mm256_set1_##PS(s)}; return r; }  \
+    CN_INLINE V V##_add(V a, V b) { V r = {_mm256_add_##PS(a.lo, b.lo), _mm256_add_##PS(a.hi, b.hi)}; return r; } \
+    CN_INLINE V V##_sub(V a, V b) { V r = {_mm256_sub_##PS(a.lo, b.lo), _mm256_sub_##PS(a.hi, b.hi)}; return r; } \
+    CN_INLINE V V##_mul(V a, V b) { V r = {_mm256_mul_##PS(a.lo, b.lo), _mm256_mul_##PS(a.hi, b.hi)}; return r; }
+CN_AVX2_ARITH(cn_vf, __m256, float, ps)
+CN_AVX2_ARITH(cn_vd, __m256d, double, pd)
+#undef CN_AVX2_ARITH
+CN_INLINE cn_vf cn_vf_keepn(cn_vf v, int64_t n)
 {
-    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    cn_vf r = {_mm256_and_ps(v.lo, _mm256_castsi256_ps(cn_mask32(CN_LO_N(n, 8)))),
+               _mm256_and_ps(v.hi, _mm256_castsi256_ps(cn_mask32(CN_HI_N(n, 8))))};
+    return r;
+}
+CN_INLINE cn_vd cn_vd_keepn(cn_vd v, int64_t n)
+{
+    cn_vd r = {_mm256_and_pd(v.lo, _mm256_castsi256_pd(cn_mask64(CN_LO_N(n, 4)))),
+               _mm256_and_pd(v.hi, _mm256_castsi256_pd(cn_mask64(CN_HI_N(n, 4))))};
+    return r;
+}
+/* the AVX-512 tree: (i, i+8), then (i, i+4), (i, i+2), (0, 1) */
+CN_INLINE float cn_hsum8_ps(__m256 s8)
+{
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
     s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
     s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
     return _mm_cvtss_f32(s4);
 }
+CN_INLINE float cn_vf_hsum(cn_vf v) { return cn_hsum8_ps(_mm256_add_ps(v.lo, v.hi)); }
+CN_INLINE double cn_vd_hsum(cn_vd v)
+{
+    __m256d s4 = _mm256_add_pd(v.lo, v.hi);
+    __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+}
 
-CN_INLINE cn_vf cn_vf_load_f32(const float *p) { return _mm256_loadu_ps(p); }
-CN_INLINE cn_vf cn_vf_loadn_f32(const float *p, int64_t n) { return _mm256_maskload_ps(p, cn_mask32(n)); }
-CN_INLINE void cn_vf_store_f32(float *p, cn_vf v) { _mm256_storeu_ps(p, v); }
-CN_INLINE void cn_vf_storen_f32(float *p, cn_vf v, int64_t n) { _mm256_maskstore_ps(p, cn_mask32(n), v); }
+CN_INLINE cn_vf cn_vf_load_f32(const float *p) { cn_vf r = {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; return r; }
+CN_INLINE cn_vf cn_vf_loadn_f32(const float *p, int64_t n)
+{
+    cn_vf r = {_mm256_maskload_ps(p, cn_mask32(CN_LO_N(n, 8))), _mm256_maskload_ps(p + 8, cn_mask32(CN_HI_N(n, 8)))};
+    return r;
+}
+CN_INLINE void cn_vf_store_f32(float *p, cn_vf v) { _mm256_storeu_ps(p, v.lo); _mm256_storeu_ps(p + 8, v.hi); }
+CN_INLINE void cn_vf_storen_f32(float *p, cn_vf v, int64_t n)
+{
+    _mm256_maskstore_ps(p, cn_mask32(CN_LO_N(n, 8)), v.lo);
+    if (n > 8) _mm256_maskstore_ps(p + 8, cn_mask32(n - 8), v.hi);
+}
+CN_INLINE void cn_vf_stream_f32(float *p, cn_vf v) { _mm256_stream_ps(p, v.lo); _mm256_stream_ps(p + 8, v.hi); }
 
 /* 16-bit tails go through a small stack buffer: AVX2 has no 16-bit masked moves. */
-CN_INLINE __m128i cn_load16n(const uint16_t *p, int64_t n)
+CN_INLINE __m256i cn_load16n(const uint16_t *p, int64_t n)
 {
-    uint16_t buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    uint16_t buf[16] = {0};
     memcpy(buf, p, (size_t)n * 2);
-    return _mm_loadu_si128((const __m128i *)buf);
+    return _mm256_loadu_si256((const __m256i *)buf);
 }
-CN_INLINE void cn_store16n(uint16_t *p, __m128i h, int64_t n)
+CN_INLINE void cn_store16n(uint16_t *p, __m256i h, int64_t n)
 {
-    uint16_t buf[8];
-    _mm_storeu_si128((__m128i *)buf, h);
+    uint16_t buf[16];
+    _mm256_storeu_si256((__m256i *)buf, h);
     memcpy(p, buf, (size_t)n * 2);
 }
 
-CN_INLINE cn_vf cn_vf_from_bf16_bits(__m128i h)
+CN_INLINE cn_vf cn_vf_from_bf16_bits(__m256i h)
 {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    cn_vf r = {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16)),
+               _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16))};
+    return r;
 }
 /* bf16 bits of each lane (in its low 16 bits), every input handled */
-CN_INLINE __m256i cn_bf16_lanes_exact(cn_vf v)
+CN_INLINE __m256i cn_bf16_lanes_exact(__m256 v)
 {
     __m256i u = _mm256_castps_si256(v);
     __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
@@ -334,77 +367,60 @@ CN_INLINE __m256i cn_bf16_lanes_exact(cn_vf v)
     return _mm256_srli_epi32(r, 16);
 }
 /* The same for lanes that are neither NaN nor fp32 subnormals: round to nearest even alone */
-CN_INLINE __m256i cn_bf16_lanes_plain(cn_vf v)
+CN_INLINE __m256i cn_bf16_lanes_plain(__m256 v)
 {
     __m256i u = _mm256_castps_si256(v);
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
     return _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
 }
 /* Lanes the plain rounding may get wrong: NaN, subnormal (and, harmlessly, zero) */
-CN_INLINE __m256 cn_bf16_unusual(cn_vf v)
+CN_INLINE __m256 cn_bf16_unusual(__m256 v)
 {
     return _mm256_cmp_ps(_mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff))),
                          _mm256_set1_ps(1.17549435e-38f), _CMP_NGE_UQ);
 }
-CN_INLINE __m128i cn_vf_to_bf16_bits(cn_vf v)
+/* 16 bf16, in order: one pack and one permute for both halves, and the exact
+ * path only when a lane needs it (a third less time per element) */
+CN_INLINE __m256i cn_vf_to_bf16_bits(cn_vf v)
 {
-    /* pack 8 x u32 -> 8 x u16 (values fit, so the saturating pack is exact) */
-    __m256i e = cn_bf16_lanes_exact(v);
-    __m256i r = _mm256_permute4x64_epi64(_mm256_packus_epi32(e, e), 0x08);
-    return _mm256_castsi256_si128(r);
-}
-/* Two vectors at once (16 bf16, in order): one pack and one permute for both, and
- * the exact path only when a lane needs it (a third less time per element). */
-CN_INLINE __m256i cn_vf2_to_bf16_bits(cn_vf a, cn_vf b)
-{
-    __m256 odd = _mm256_or_ps(cn_bf16_unusual(a), cn_bf16_unusual(b));
+    __m256 odd = _mm256_or_ps(cn_bf16_unusual(v.lo), cn_bf16_unusual(v.hi));
     __m256i ra, rb;
     if (CN_UNLIKELY(!_mm256_testz_ps(odd, odd))) {
-        ra = cn_bf16_lanes_exact(a);
-        rb = cn_bf16_lanes_exact(b);
+        ra = cn_bf16_lanes_exact(v.lo);
+        rb = cn_bf16_lanes_exact(v.hi);
     } else {
-        ra = cn_bf16_lanes_plain(a);
-        rb = cn_bf16_lanes_plain(b);
+        ra = cn_bf16_lanes_plain(v.lo);
+        rb = cn_bf16_lanes_plain(v.hi);
     }
+    /* pack 2 x 8 x u32 -> 16 x u16 (values fit, so the saturating pack is exact) */
     return _mm256_permute4x64_epi64(_mm256_packus_epi32(ra, rb), 0xD8);
 }
-CN_INLINE cn_vf cn_vf_load_bf16(const cn_bf16 *p) { return cn_vf_from_bf16_bits(_mm_loadu_si128((const __m128i *)p)); }
+CN_INLINE cn_vf cn_vf_load_bf16(const cn_bf16 *p) { return cn_vf_from_bf16_bits(_mm256_loadu_si256((const __m256i *)p)); }
 CN_INLINE cn_vf cn_vf_loadn_bf16(const cn_bf16 *p, int64_t n) { return cn_vf_from_bf16_bits(cn_load16n(p, n)); }
-CN_INLINE void cn_vf_store_bf16(cn_bf16 *p, cn_vf v) { _mm_storeu_si128((__m128i *)p, cn_vf_to_bf16_bits(v)); }
+CN_INLINE void cn_vf_store_bf16(cn_bf16 *p, cn_vf v) { _mm256_storeu_si256((__m256i *)p, cn_vf_to_bf16_bits(v)); }
 CN_INLINE void cn_vf_storen_bf16(cn_bf16 *p, cn_vf v, int64_t n) { cn_store16n(p, cn_vf_to_bf16_bits(v), n); }
+CN_INLINE void cn_vf_stream_bf16(cn_bf16 *p, cn_vf v) { _mm256_stream_si256((__m256i *)p, cn_vf_to_bf16_bits(v)); }
 
 #define CN_F16_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-CN_INLINE cn_vf cn_vf_load_f16(const cn_f16 *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
-CN_INLINE cn_vf cn_vf_loadn_f16(const cn_f16 *p, int64_t n) { return _mm256_cvtph_ps(cn_load16n(p, n)); }
-CN_INLINE void cn_vf_store_f16(cn_f16 *p, cn_vf v) { _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, CN_F16_RNE)); }
-CN_INLINE void cn_vf_storen_f16(cn_f16 *p, cn_vf v, int64_t n) { cn_store16n(p, _mm256_cvtps_ph(v, CN_F16_RNE), n); }
-CN_INLINE void cn_vf_stream_f32(float *p, cn_vf v) { _mm256_stream_ps(p, v); }
-CN_INLINE void cn_vf_stream_bf16(cn_bf16 *p, cn_vf v) { _mm_stream_si128((__m128i *)p, cn_vf_to_bf16_bits(v)); }
-CN_INLINE void cn_vf_stream_f16(cn_f16 *p, cn_vf v) { _mm_stream_si128((__m128i *)p, _mm256_cvtps_ph(v, CN_F16_RNE)); }
-CN_INLINE void cn_vf_store2_bf16(cn_bf16 *p, cn_vf a, cn_vf b) { _mm256_storeu_si256((__m256i *)p, cn_vf2_to_bf16_bits(a, b)); }
-CN_INLINE void cn_vf_stream2_bf16(cn_bf16 *p, cn_vf a, cn_vf b)
+CN_INLINE cn_vf cn_vf_from_f16_bits(__m256i h)
 {
-    __m256i h = cn_vf2_to_bf16_bits(a, b);   /* (two 16-byte streams: p is aligned for one vector) */
-    _mm_stream_si128((__m128i *)p, _mm256_castsi256_si128(h));
-    _mm_stream_si128((__m128i *)p + 1, _mm256_extracti128_si256(h, 1));
+    cn_vf r = {_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))};
+    return r;
 }
-
-CN_INLINE cn_vd cn_vd_zero(void) { return _mm256_setzero_pd(); }
-CN_INLINE cn_vd cn_vd_set1(double s) { return _mm256_set1_pd(s); }
-CN_INLINE cn_vd cn_vd_add(cn_vd a, cn_vd b) { return _mm256_add_pd(a, b); }
-CN_INLINE cn_vd cn_vd_sub(cn_vd a, cn_vd b) { return _mm256_sub_pd(a, b); }
-CN_INLINE cn_vd cn_vd_mul(cn_vd a, cn_vd b) { return _mm256_mul_pd(a, b); }
-CN_INLINE cn_vd cn_vd_fmadd(cn_vd a, cn_vd b, cn_vd c) { return _mm256_fmadd_pd(a, b, c); }
-CN_INLINE cn_vd cn_vd_fnmadd(cn_vd a, cn_vd b, cn_vd c) { return _mm256_fnmadd_pd(a, b, c); }
-CN_INLINE cn_vd cn_vd_keepn(cn_vd v, int64_t n) { return _mm256_and_pd(v, _mm256_castsi256_pd(cn_mask64(n))); }
-CN_INLINE double cn_vd_hsum(cn_vd v)
+CN_INLINE __m256i cn_vf_to_f16_bits(cn_vf v)
 {
-    __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
-    return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm256_cvtps_ph(v.lo, CN_F16_RNE)),
+                                   _mm256_cvtps_ph(v.hi, CN_F16_RNE), 1);
 }
+CN_INLINE cn_vf cn_vf_load_f16(const cn_f16 *p) { return cn_vf_from_f16_bits(_mm256_loadu_si256((const __m256i *)p)); }
+CN_INLINE cn_vf cn_vf_loadn_f16(const cn_f16 *p, int64_t n) { return cn_vf_from_f16_bits(cn_load16n(p, n)); }
+CN_INLINE void cn_vf_store_f16(cn_f16 *p, cn_vf v) { _mm256_storeu_si256((__m256i *)p, cn_vf_to_f16_bits(v)); }
+CN_INLINE void cn_vf_storen_f16(cn_f16 *p, cn_vf v, int64_t n) { cn_store16n(p, cn_vf_to_f16_bits(v), n); }
+CN_INLINE void cn_vf_stream_f16(cn_f16 *p, cn_vf v) { _mm256_stream_si256((__m256i *)p, cn_vf_to_f16_bits(v)); }
 
-/* out[i] = the sum of the lanes of a[i], LANES vectors at once (see the AVX-512 version) */
-CN_INLINE void cn_vf_hsum_lanes(const cn_vf *a, float *out)
+/* out[i] = the sum of the lanes of a[i], for 16 vectors: (i, i+8) in each, then
+ * a transpose-and-add tree over eight at a time, in the same order as cn_vf_hsum */
+CN_INLINE void cn_hsum8_lanes_ps(const __m256 *a, float *out)
 {
     __m256 u[4], t[2], f;
     float buf[8];
@@ -418,31 +434,50 @@ CN_INLINE void cn_vf_hsum_lanes(const cn_vf *a, float *out)
     _mm256_storeu_ps(buf, f);     /* element 4h + p holds vector 2p + h */
     for (int i = 0; i < 8; i++) out[i] = buf[4 * (i & 1) + (i >> 1)];
 }
+CN_INLINE void cn_vf_hsum_lanes(const cn_vf *a, float *out)
+{
+    __m256 s8[16];
+    for (int i = 0; i < 16; i++) s8[i] = _mm256_add_ps(a[i].lo, a[i].hi);
+    cn_hsum8_lanes_ps(s8, out);
+    cn_hsum8_lanes_ps(s8 + 8, out + 8);
+}
 CN_INLINE void cn_vd_hsum_lanes(const cn_vd *a, double *out)
 {
-    __m256d u[2], f;
-    double buf[4];
-    for (int j = 0; j < 2; j++)   /* halves: lanes 0-1 <- a[2j], 2-3 <- a[2j+1] */
-        u[j] = _mm256_add_pd(_mm256_permute2f128_pd(a[2 * j], a[2 * j + 1], 0x20),
-                             _mm256_permute2f128_pd(a[2 * j], a[2 * j + 1], 0x31));
-    f = _mm256_add_pd(_mm256_unpacklo_pd(u[0], u[1]), _mm256_unpackhi_pd(u[0], u[1]));
-    _mm256_storeu_pd(buf, f);     /* element 2h + p holds vector 2p + h */
-    for (int i = 0; i < 4; i++) out[i] = buf[2 * (i & 1) + (i >> 1)];
+    for (int g = 0; g < 8; g += 4) {
+        __m256d s4[4], u[2], f;
+        double buf[4];
+        for (int i = 0; i < 4; i++) s4[i] = _mm256_add_pd(a[g + i].lo, a[g + i].hi);
+        for (int j = 0; j < 2; j++)   /* halves: lanes 0-1 <- s4[2j], 2-3 <- s4[2j+1] */
+            u[j] = _mm256_add_pd(_mm256_permute2f128_pd(s4[2 * j], s4[2 * j + 1], 0x20),
+                                 _mm256_permute2f128_pd(s4[2 * j], s4[2 * j + 1], 0x31));
+        f = _mm256_add_pd(_mm256_unpacklo_pd(u[0], u[1]), _mm256_unpackhi_pd(u[0], u[1]));
+        _mm256_storeu_pd(buf, f);     /* element 2h + p holds vector 2p + h */
+        for (int i = 0; i < 4; i++) out[g + i] = buf[2 * (i & 1) + (i >> 1)];
+    }
 }
-CN_INLINE cn_vd cn_vd_load_f64(const double *p) { return _mm256_loadu_pd(p); }
-CN_INLINE cn_vd cn_vd_loadn_f64(const double *p, int64_t n) { return _mm256_maskload_pd(p, cn_mask64(n)); }
-CN_INLINE void cn_vd_store_f64(double *p, cn_vd v) { _mm256_storeu_pd(p, v); }
-CN_INLINE void cn_vd_storen_f64(double *p, cn_vd v, int64_t n) { _mm256_maskstore_pd(p, cn_mask64(n), v); }
-CN_INLINE void cn_vd_stream_f64(double *p, cn_vd v) { _mm256_stream_pd(p, v); }
+CN_INLINE cn_vd cn_vd_load_f64(const double *p) { cn_vd r = {_mm256_loadu_pd(p), _mm256_loadu_pd(p + 4)}; return r; }
+CN_INLINE cn_vd cn_vd_loadn_f64(const double *p, int64_t n)
+{
+    cn_vd r = {_mm256_maskload_pd(p, cn_mask64(CN_LO_N(n, 4))), _mm256_maskload_pd(p + 4, cn_mask64(CN_HI_N(n, 4)))};
+    return r;
+}
+CN_INLINE void cn_vd_store_f64(double *p, cn_vd v) { _mm256_storeu_pd(p, v.lo); _mm256_storeu_pd(p + 4, v.hi); }
+CN_INLINE void cn_vd_storen_f64(double *p, cn_vd v, int64_t n)
+{
+    _mm256_maskstore_pd(p, cn_mask64(CN_LO_N(n, 4)), v.lo);
+    if (n > 4) _mm256_maskstore_pd(p + 4, cn_mask64(n - 4), v.hi);
+}
+CN_INLINE void cn_vd_stream_f64(double *p, cn_vd v) { _mm256_stream_pd(p, v.lo); _mm256_stream_pd(p + 4, v.hi); }
 CN_INLINE void cn_stream_fence(void) { _mm_sfence(); }
 
 /* =================================================================== generic */
 #else
 
-/* Fixed-width structs of plain C: compilers turn these loops into whatever
- * vector unit the target has (SSE2 on x86-64, NEON on arm64, ...). */
-#define CN_VF_LANES 8
-#define CN_VD_LANES 4
+/* Fixed-width structs of plain C, as many lanes as AVX-512 (so the same order
+ * of additions): compilers turn these loops into whatever vector unit the
+ * target has (SSE2 on x86-64, NEON on arm64, ...). */
+#define CN_VF_LANES 16
+#define CN_VD_LANES 8
 typedef struct { float v[CN_VF_LANES]; } cn_vf;
 typedef struct { double v[CN_VD_LANES]; } cn_vd;
 
@@ -452,18 +487,21 @@ typedef struct { double v[CN_VD_LANES]; } cn_vd;
     CN_INLINE V V##_add(V a, V b) { for (int i = 0; i < L; i++) a.v[i] += b.v[i]; return a; }   \
     CN_INLINE V V##_sub(V a, V b) { for (int i = 0; i < L; i++) a.v[i] -= b.v[i]; return a; }   \
     CN_INLINE V V##_mul(V a, V b) { for (int i = 0; i < L; i++) a.v[i] *= b.v[i]; return a; }   \
-    CN_INLINE V V##_fmadd(V a, V b, V c) { for (int i = 0; i < L; i++) c.v[i] += a.v[i] * b.v[i]; return c; } \
-    CN_INLINE V V##_fnmadd(V a, V b, V c) { for (int i = 0; i < L; i++) c.v[i] -= a.v[i] * b.v[i]; return c; } \
     CN_INLINE V V##_keepn(V a, int64_t n) { for (int i = 0; i < L; i++) if (i >= n) a.v[i] = 0; return a; }
 
 CN_GEN_ARITH(cn_vf, float, CN_VF_LANES)
 CN_GEN_ARITH(cn_vd, double, CN_VD_LANES)
 
-CN_INLINE float cn_vf_hsum(cn_vf a)
-{
-    return ((a.v[0] + a.v[4]) + (a.v[2] + a.v[6])) + ((a.v[1] + a.v[5]) + (a.v[3] + a.v[7]));
-}
-CN_INLINE double cn_vd_hsum(cn_vd a) { return (a.v[0] + a.v[2]) + (a.v[1] + a.v[3]); }
+/* the AVX-512 tree: lane i with i + L/2, then i + L/4, ... */
+#define CN_GEN_HSUM(V, S, L)                                                                    \
+    CN_INLINE S V##_hsum(V a)                                                                   \
+    {                                                                                           \
+        for (int half = L / 2; half >= 1; half /= 2)                                            \
+            for (int i = 0; i < half; i++) a.v[i] = a.v[i] + a.v[i + half];                     \
+        return a.v[0];                                                                          \
+    }
+CN_GEN_HSUM(cn_vf, float, CN_VF_LANES)
+CN_GEN_HSUM(cn_vd, double, CN_VD_LANES)
 /* out[i] = the sum of the lanes of a[i], for LANES vectors */
 CN_INLINE void cn_vf_hsum_lanes(const cn_vf *a, float *out) { for (int i = 0; i < CN_VF_LANES; i++) out[i] = cn_vf_hsum(a[i]); }
 CN_INLINE void cn_vd_hsum_lanes(const cn_vd *a, double *out) { for (int i = 0; i < CN_VD_LANES; i++) out[i] = cn_vd_hsum(a[i]); }
@@ -493,6 +531,15 @@ CN_INLINE void cn_stream_fence(void) {}
 
 #endif /* ISA */
 
+/* ------------------------------------------------ multiply, then add -- */
+/* a*b + c and c - a*b with two roundings, never fused: FMA would round once on
+ * the levels that have it and twice on the others (the portable level has no
+ * FMA to count on), and the bits must not depend on the level. */
+CN_INLINE cn_vf cn_vf_mul_add(cn_vf a, cn_vf b, cn_vf c) { return cn_vf_add(cn_vf_mul(a, b), c); }
+CN_INLINE cn_vf cn_vf_mul_sub_from(cn_vf a, cn_vf b, cn_vf c) { return cn_vf_sub(c, cn_vf_mul(a, b)); }
+CN_INLINE cn_vd cn_vd_mul_add(cn_vd a, cn_vd b, cn_vd c) { return cn_vd_add(cn_vd_mul(a, b), c); }
+CN_INLINE cn_vd cn_vd_mul_sub_from(cn_vd a, cn_vd b, cn_vd c) { return cn_vd_sub(c, cn_vd_mul(a, b)); }
+
 /* ----------------------------------------------------- pairs of vectors -- */
 /* Two vectors to consecutive storage, p + LANES after p. The kernels' store
  * loops go two vectors at a time through these, so that a level can convert
@@ -503,9 +550,7 @@ CN_INLINE void cn_stream_fence(void) {}
 CN_PAIR_STORES(cn_vf, f32, float, CN_VF_LANES)
 CN_PAIR_STORES(cn_vf, f16, cn_f16, CN_VF_LANES)
 CN_PAIR_STORES(cn_vd, f64, double, CN_VD_LANES)
-#if !defined(CN_AVX2)
 CN_PAIR_STORES(cn_vf, bf16, cn_bf16, CN_VF_LANES)
-#endif
 
 /* ------------------------------------- non-temporal partial vectors -- */
 /* The first n lanes of a vector, written with non-temporal stores: the partial

@@ -163,7 +163,7 @@ CN_INLINE void bwd_small_block(const cn_bwd_args *a, int64_t r0, const int64_t n
         CN_UNROLL for (k = 0; k < NV; k++) {
             TERMS(k);
             s1 = VOP(add)(s1, g);
-            s2 = VOP(fmadd)(g, h, s2);
+            s2 = VOP(mul_add)(g, h, s2);
         }
         acc1[i] = s1;
         acc2[i] = s2;
@@ -183,8 +183,8 @@ CN_INLINE void bwd_small_block(const cn_bwd_args *a, int64_t r0, const int64_t n
         CN_UNROLL for (k = 0; k < NV; k++) {
             TERMS(k);
             const vec t = center ? VOP(sub)(g, C1) : g;
-            o[k] = VOP(mul)(VOP(fnmadd)(h, C2, t), Rv);
-            dwacc[k] = VOP(fmadd)(dyv, h, dwacc[k]);
+            o[k] = VOP(mul)(VOP(mul_sub_from)(h, C2, t), Rv);
+            dwacc[k] = VOP(mul_add)(dyv, h, dwacc[k]);
             dbacc[k] = VOP(add)(dbacc[k], dyv);
         }
         store_small_row(DX + i * N, o, NV, tail);

@@ -178,7 +178,7 @@ CN_INLINE void fwd_small_block(const cn_fwd_args *a, int64_t r0, const int64_t n
             CN_UNROLL for (k = 0; k < NV - 1; k++) {
                 e = VOP(sub)(v[k], P);
                 se = VOP(add)(se, e);
-                sq = VOP(fmadd)(e, e, sq);
+                sq = VOP(mul_add)(e, e, sq);
             }
             sv[i] = se;
             sqv[i] = sq;
@@ -191,7 +191,7 @@ CN_INLINE void fwd_small_block(const cn_fwd_args *a, int64_t r0, const int64_t n
             load_small_row(v, x, NV, tail);
             if (widen) { CN_UNROLL for (k = 0; k < NV; k++) wide[i][k] = v[k]; }
             vec sq = VOP(zero)();
-            CN_UNROLL for (k = 0; k < NV; k++) sq = VOP(fmadd)(v[k], v[k], sq);
+            CN_UNROLL for (k = 0; k < NV; k++) sq = VOP(mul_add)(v[k], v[k], sq);
             m2[i] = (double)VOP(hsum)(sq);
             dd[i] = 0.0;
             pv[i] = 0;
@@ -214,8 +214,8 @@ CN_INLINE void fwd_small_block(const cn_fwd_args *a, int64_t r0, const int64_t n
         else load_small_row(v, x, NV, tail);
         vec o[8];
         CN_UNROLL for (k = 0; k < NV; k++) {
-            vec e = center ? VOP(fmadd)(VOP(sub)(v[k], MH), Rv, LR) : VOP(mul)(v[k], Rv);
-            o[k] = VOP(fmadd)(e, wv[k], bv[k]);
+            vec e = center ? VOP(mul_add)(VOP(sub)(v[k], MH), Rv, LR) : VOP(mul)(v[k], Rv);
+            o[k] = VOP(mul_add)(e, wv[k], bv[k]);
         }
         store_small_row(y, o, NV, tail);
     }

@@ -138,14 +138,10 @@ CN_INLINE int64_t stream_peel(const void *p, int64_t n)
     } while (0)
 
 /* Rows of at most SMALL_MAX elements live in registers: up to 4 vectors of 16
- * lanes or 8 of 8 (64 elements), or 8 of 4 (32). The portable level keeps it
- * to 4 vectors so that its build stays small. (Which rows these are changes
- * the arithmetic: this is part of the reduction order, not a tunable.) */
-#if defined(CN_GENERIC)
-#  define SMALL_NV_MAX 4
-#else
-#  define SMALL_NV_MAX (VL >= 16 ? 4 : 8)
-#endif
+ * float lanes or 8 of 8 double lanes (64 elements), the same at every level.
+ * (Which rows these are changes the arithmetic: this is part of the reduction
+ * order, not a tunable.) */
+#define SMALL_NV_MAX (VL >= 16 ? 4 : 8)
 #define SMALL_MAX (SMALL_NV_MAX * VL)
 
 /* Calls CALL(K, C) with K = the row's vector count and C = center as compile-

@@ -86,7 +86,7 @@ CN_INLINE void dev_moment_sums(const xt *x, int64_t n, vec P, const int prefetch
     {                                                               \
         const vec e_ = dev_vec(x + (j), t, full, P);                \
         sa[k] = VOP(add)(sa[k], e_);                                \
-        qa[k] = VOP(fmadd)(e_, e_, qa[k]);                          \
+        qa[k] = VOP(mul_add)(e_, e_, qa[k]);                          \
     }
 #define STEP4(j)                                                    \
     {                                                               \
@@ -105,7 +105,7 @@ CN_INLINE vec sumsq_vec(const xt *x, int64_t n)
 {
     const vec z = VOP(zero)();
     vec q[4] = {z, z, z, z};
-#define STEP(j, t, full, k) { const vec v_ = load_x_t(x + (j), t, full); q[k] = VOP(fmadd)(v_, v_, q[k]); }
+#define STEP(j, t, full, k) { const vec v_ = load_x_t(x + (j), t, full); q[k] = VOP(mul_add)(v_, v_, q[k]); }
 #define STEP4(j) CN_STEPS4(STEP, j)
     CN_WALK(n, 0, 4, STEP4, STEP);
 #undef STEP
@@ -126,7 +126,7 @@ CN_INLINE void twopass_moments(const xt *x, int64_t n, at pivot, cn_moments *m)
     {                                                                                  \
         vec e_ = VOP(sub)(VOP(sub)(load_x_t(x + (j), t, full), P), D);                 \
         if (!(full)) e_ = VOP(keepn)(e_, t);                                           \
-        q[k] = VOP(fmadd)(e_, e_, q[k]);                                               \
+        q[k] = VOP(mul_add)(e_, e_, q[k]);                                               \
         c[k] = VOP(add)(c[k], e_);                                                     \
     }
     /* pass 2 runs from L1: meanwhile fetch what comes next in memory (the next
@@ -180,8 +180,8 @@ CN_INLINE vec norm_vec(const xt *x, const pt *w, const pt *b, int64_t j, int64_t
                        vec r, vec lr, const int center, const int has_w, const int has_b)
 {
     vec v = load_x_t(x + j, t, full);
-    v = center ? VOP(fmadd)(VOP(sub)(v, mh), r, lr) : VOP(mul)(v, r);
-    if (has_w && has_b) v = VOP(fmadd)(v, load_p_t(w + j, t, full), load_p_t(b + j, t, full));
+    v = center ? VOP(mul_add)(VOP(sub)(v, mh), r, lr) : VOP(mul)(v, r);
+    if (has_w && has_b) v = VOP(mul_add)(v, load_p_t(w + j, t, full), load_p_t(b + j, t, full));
     else if (has_w) v = VOP(mul)(v, load_p_t(w + j, t, full));
     else if (has_b) v = VOP(add)(v, load_p_t(b + j, t, full));
     return v;
@@ -385,7 +385,7 @@ CN_INLINE vec xhat_vec(vec xv, vec M, vec R, const int center)
 CN_INLINE void add_partials(vec *dw, vec *db, vec dyv, vec xh, const int init, const int has_db)
 {
     if (init) { *dw = VOP(mul)(dyv, xh); if (has_db) *db = dyv; }
-    else { *dw = VOP(fmadd)(dyv, xh, *dw); if (has_db) *db = VOP(add)(dyv, *db); }
+    else { *dw = VOP(mul_add)(dyv, xh, *dw); if (has_db) *db = VOP(add)(dyv, *db); }
 }
 
 /* Pass 1 over columns [0, n) of R consecutive rows (ld elements apart): per
@@ -416,7 +416,7 @@ CN_INLINE void grad_sums(const xt *dy, const xt *x, const pt *w, int64_t n, int6
             if (!(full)) xh_ = VOP(keepn)(xh_, t);                                           \
             const vec g_ = has_w ? VOP(mul)(dyv_, wv_) : dyv_;                               \
             if (center) S1[s][i] = VOP(add)(S1[s][i], g_);                                   \
-            S2[s][i] = VOP(fmadd)(g_, xh_, S2[s][i]);                                        \
+            S2[s][i] = VOP(mul_add)(g_, xh_, S2[s][i]);                                        \
             if (part) {                                                                      \
                 if (i == 0 && !init) { dw_ = load_a_t(dwp + (j), t, full); if (center) db_ = load_a_t(dbp + (j), t, full); } \
                 add_partials(&dw_, &db_, dyv_, xh_, i == 0 && init, center);                 \
@@ -458,7 +458,7 @@ CN_INLINE vec dx_vec(const xt *dy, const xt *x, const pt *w, at *dwp, at *dbp, i
         store_a_t(dwp + j, dw, t, full);
         if (has_db) store_a_t(dbp + j, db, t, full);
     }
-    return VOP(mul)(VOP(fnmadd)(xh, C2, g), R);
+    return VOP(mul)(VOP(mul_sub_from)(xh, C2, g), R);
 }
 
 /* Pass 2 over one row: dx = rstd * (g - c1 - xhat * c2), c1 = k1, c2 = k2.
@@ -498,7 +498,7 @@ CN_INLINE vec dx_rows_term(const xt *x, const xt *dy, const at *dwp, const at *d
     if (center) g = VOP(sub)(g, C1);
     if (first && !init) { *dw = load_a_t(dwp + j, t, full); if (has_db) *db = load_a_t(dbp + j, t, full); }
     add_partials(dw, db, dyv, xh, first && init, has_db);
-    return VOP(mul)(VOP(fnmadd)(xh, C2, g), R);
+    return VOP(mul)(VOP(mul_sub_from)(xh, C2, g), R);
 }
 
 /* Pass 2 over R rows at once (1..4, from r), columns [c0, c1): each row's dx,
