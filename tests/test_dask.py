@@ -210,3 +210,37 @@ def test_a_worker_killed_mid_backward_changes_no_bit(cluster, rng):
     assert victim in before and victim not in client.scheduler_info()["workers"]   # it did die
     for g, want_k in zip(got, want):
         assert same(g, want_k)
+
+
+def _level():
+    from cynorm._config import config
+    return config()["isa"]
+
+
+def test_a_cluster_of_mixed_cpu_levels_gives_one_calls_bits(rng):
+    """Workers at the lowest and the highest ISA level this CPU runs (CYNORM_ISA), as
+    on a cluster of mixed machines: the backward's dweight is still one call's."""
+    from cynorm import _isa
+    levels = _isa.available_levels()
+    if len(levels) < 2:
+        pytest.skip("this CPU runs only the baseline level: no second level to mix in")
+    pick = (levels[0], levels[-1])
+    workers = {lv: {"cls": distributed.Nanny, "options": {"nthreads": 1, "memory_limit": "1GiB",
+                                                         "env": {"CYNORM_ISA": lv}}} for lv in pick}
+    x, dy, w, b = make_inputs(rng, (4000, 300), -1, PAIRS[2].values[0])
+    _, want = whole_array("layer", dy, x, w, b, -1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with distributed.SpecCluster(workers=workers, scheduler={"cls": distributed.Scheduler,
+                                                                 "options": {"dashboard_address": None}},
+                                     silence_logs=40) as c, distributed.Client(c) as client:
+            client.wait_for_workers(2)
+            assert sorted(client.run(_level).values()) == sorted(pick)
+            X, DY = da.from_array(x, chunks=(250, 300)), da.from_array(dy, chunks=(250, 300))
+            _, mean, rstd = cnd.layer_norm_forward(X, w, b)
+            with distributed.get_task_stream(client) as stream:
+                got = client.compute(list(cnd.layer_norm_backward(DY, X, mean, rstd, w)), sync=True)
+    ran = {t["worker"] for t in stream.data if t["key"][0].startswith("cynorm-layer_norm-backward")}
+    assert len(ran) == 2   # both levels computed blocks
+    for g, want_k in zip(got, want):
+        assert same(g, want_k)
