@@ -24,6 +24,7 @@
 #ifndef CN_SIMD_H
 #define CN_SIMD_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -532,11 +533,59 @@ CN_INLINE void cn_stream_fence(void) {}
 #endif /* ISA */
 
 /* ------------------------------------------------ multiply, then add -- */
-/* a*b + c and c - a*b with two roundings, never fused: FMA would round once on
- * the levels that have it and twice on the others (the portable level has no
- * FMA to count on), and the bits must not depend on the level. */
-CN_INLINE cn_vf cn_vf_mul_add(cn_vf a, cn_vf b, cn_vf c) { return cn_vf_add(cn_vf_mul(a, b), c); }
-CN_INLINE cn_vf cn_vf_mul_sub_from(cn_vf a, cn_vf b, cn_vf c) { return cn_vf_sub(c, cn_vf_mul(a, b)); }
+/* fp32 lanes: a*b + c and c - a*b rounded once (FMA) at every level; the
+ * portable level computes it exactly without an FMA unit (cn_fmaf).
+ * fp64 lanes: rounded twice (multiply, then add) at every level: an exact
+ * fp64 FMA without the hardware would cost far more than the FMA saves.
+ * Either way the bits do not depend on the level. */
+#if defined(CN_AVX512)
+CN_INLINE cn_vf cn_vf_mul_add(cn_vf a, cn_vf b, cn_vf c) { return _mm512_fmadd_ps(a, b, c); }
+CN_INLINE cn_vf cn_vf_mul_sub_from(cn_vf a, cn_vf b, cn_vf c) { return _mm512_fnmadd_ps(a, b, c); }
+#elif defined(CN_AVX2)
+CN_INLINE cn_vf cn_vf_mul_add(cn_vf a, cn_vf b, cn_vf c)
+{
+    cn_vf r = {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+    return r;
+}
+CN_INLINE cn_vf cn_vf_mul_sub_from(cn_vf a, cn_vf b, cn_vf c)
+{
+    cn_vf r = {_mm256_fnmadd_ps(a.lo, b.lo, c.lo), _mm256_fnmadd_ps(a.hi, b.hi, c.hi)};
+    return r;
+}
+#else
+/* fmaf(a, b, c), rounded once. Without an FMA unit: a*b is exact in double and
+ * TwoSum gives the exact error of s = a*b + c in double; s rounded to odd (its
+ * last bit set where inexact) then rounds to float as a*b + c would (53 >= 24 + 2
+ * bits: Boldo and Melquiond's rounding to odd). */
+CN_INLINE float cn_fmaf(float a, float b, float c)
+{
+#  if defined(__FP_FAST_FMAF)
+    return fmaf(a, b, c);
+#  else
+    const double p = (double)a * (double)b, s = p + (double)c;
+    const double bv = s - p, err = (p - (s - bv)) + ((double)c - bv);
+    uint64_t u;
+    memcpy(&u, &s, 8);
+    if ((u & 0x7ff0000000000000ull) != 0x7ff0000000000000ull && err != 0.0 && !(u & 1)) {
+        u += (err > 0.0) == (s > 0.0) ? 1 : (uint64_t)-1;   /* the odd neighbour towards the exact value */
+        double r;
+        memcpy(&r, &u, 8);
+        return (float)r;
+    }
+    return (float)s;
+#  endif
+}
+CN_INLINE cn_vf cn_vf_mul_add(cn_vf a, cn_vf b, cn_vf c)
+{
+    for (int i = 0; i < CN_VF_LANES; i++) c.v[i] = cn_fmaf(a.v[i], b.v[i], c.v[i]);
+    return c;
+}
+CN_INLINE cn_vf cn_vf_mul_sub_from(cn_vf a, cn_vf b, cn_vf c)
+{
+    for (int i = 0; i < CN_VF_LANES; i++) c.v[i] = cn_fmaf(-a.v[i], b.v[i], c.v[i]);
+    return c;
+}
+#endif
 CN_INLINE cn_vd cn_vd_mul_add(cn_vd a, cn_vd b, cn_vd c) { return cn_vd_add(cn_vd_mul(a, b), c); }
 CN_INLINE cn_vd cn_vd_mul_sub_from(cn_vd a, cn_vd b, cn_vd c) { return cn_vd_sub(c, cn_vd_mul(a, b)); }
 
