@@ -5,6 +5,7 @@
     python benchmarks/bench.py roofline [--threads N] [--aligned] [--json F]
     python benchmarks/bench.py scaling --threads 1,2,4,8 [--quick] --json F --plot P.png
     python benchmarks/bench.py jax | dask       (cynorm from JAX and Dask: benchmarks/frameworks.py)
+    python benchmarks/bench.py fused [--threads N]  (fused residual add + LayerNorm: benchmarks/fused.py)
 
 seed and roofline take --baseline-python PY: a second cynorm worker runs under
 that interpreter (another build, e.g. the commit before a change), alternating
@@ -92,6 +93,13 @@ def _worker_main(lib):
                           "config": {k: v for k, v in cynorm._config.config().items()
                                      if k in ("isa", "isa_available", "openmp", "max_threads", "cpu_model")}}),
               flush=True)
+    elif lib == "ort":
+        try:
+            import onnxruntime
+        except ImportError:
+            print(json.dumps({"unavailable": "onnxruntime is not installed"}), flush=True)
+            return
+        print(json.dumps({"ready": True, "version": onnxruntime.__version__}), flush=True)
     else:
         print(json.dumps({"ready": True, "version": np.__version__}), flush=True)
 
@@ -195,6 +203,11 @@ def _cell_data(shape, axis, mode, aligned):
 
 def _run_request(lib, req):
     import gc
+
+    if req.get("kind") == "fused":   # benchmarks/fused.py
+        sys.path.insert(0, HERE)
+        import fused
+        return fused.run_request(lib, req)
 
     import numpy as np
 
@@ -669,6 +682,16 @@ def main(argv=None):
         return
     if argv and argv[0] in ("jax", "dask"):   # the framework benchmarks (benchmarks/frameworks.py)
         return _frameworks(argv)
+    if argv and argv[0] == "fused":
+        sys.path.insert(0, HERE)
+        import fused
+        fp = argparse.ArgumentParser(prog="bench.py fused", description=fused.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+        fp.add_argument("--threads", type=int, default=1)
+        fp.add_argument("--modes", type=lambda s: s.split(","), default=["fp32", "bf16", "mixed"])
+        fp.add_argument("--quick", action="store_true", help="shorter timing budgets")
+        fp.add_argument("--json", help="also write the results here")
+        return fused.cmd_fused(fp.parse_args(argv[1:]))
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 

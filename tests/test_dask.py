@@ -244,3 +244,62 @@ def test_a_cluster_of_mixed_cpu_levels_gives_one_calls_bits(rng):
     assert len(ran) == 2   # both levels computed blocks
     for g, want_k in zip(got, want):
         assert same(g, want_k)
+
+
+# ------------------------------------------------- fused residual add + norm --
+
+def fused_whole(norm, x, r, dy, dh, w, b, h_dtype):
+    if norm == "layer":
+        fwd = cynorm.add_layer_norm_forward(x, r, w, b, residual_dtype=h_dtype)
+        return fwd, cynorm.add_layer_norm_backward(dy, fwd[1], fwd[2], fwd[3], w, dh=dh)
+    fwd = cynorm.add_rms_norm_forward(x, r, w, residual_dtype=h_dtype)
+    return fwd, cynorm.add_rms_norm_backward(dy, fwd[1], fwd[2], w, dh=dh)
+
+
+def fused_lazy(norm, X, R, DY, DH, w, b, h_dtype):
+    if norm == "layer":
+        fwd = cnd.add_layer_norm_forward(X, R, w, b, residual_dtype=h_dtype)
+        return fwd, cnd.add_layer_norm_backward(DY, fwd[1], fwd[2], fwd[3], w, dh=DH)
+    fwd = cnd.add_rms_norm_forward(X, R, w, residual_dtype=h_dtype)
+    return fwd, cnd.add_rms_norm_backward(DY, fwd[1], fwd[2], w, dh=DH)
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("case", [(np.float32, None), ("bfloat16", None), ("bfloat16", np.float32)],
+                         ids=["f32", "bf16", "bf16-stream32"])
+def test_fused_any_row_chunking_gives_the_whole_arrays_bits(case, norm, rng):
+    xd, h_dtype = case
+    pair = (np.dtype(xd), np.dtype(np.float32))
+    x, dy, w, b = make_inputs(rng, (2100, 200), -1, pair)
+    hd = np.dtype(h_dtype or xd)
+    r = rng.standard_normal(x.shape).astype(hd)
+    dh = rng.standard_normal(x.shape).astype(hd)
+    want_fwd, want_bwd = fused_whole(norm, x, r, dy, dh, w, b, h_dtype)
+    for _ in range(3):
+        rows = random_chunks(rng, 2100)
+        X, R = da.from_array(x, chunks=(rows, 200)), da.from_array(r, chunks=(random_chunks(rng, 2100), 200))
+        DY, DH = da.from_array(dy, chunks=(rows, 200)), da.from_array(dh, chunks=(rows, 200))
+        fwd, bwd = fused_lazy(norm, X, R, DY, DH, w, b, h_dtype)
+        assert fwd[1].dtype == hd and bwd[0].dtype == hd and fwd[0].dtype == x.dtype
+        got = dask.compute(*fwd, *[a for a in bwd if a is not None], scheduler="threads")
+        want = list(want_fwd) + [a for a in want_bwd if a is not None]
+        assert len(got) == len(want)
+        for g, wnt in zip(got, want):
+            assert same(g, wnt)
+
+
+def test_fused_on_a_local_cluster_of_worker_processes(cluster, rng):
+    c, client = cluster
+    x, dy, w, b = make_inputs(rng, (5000, 200), -1, PAIRS[3].values[0])   # bf16 x, float32 params
+    r = rng.standard_normal(x.shape).astype(np.float32)                  # an fp32 residual stream
+    dh = rng.standard_normal(x.shape).astype(np.float32)
+    want_fwd, want_bwd = fused_whole("layer", x, r, dy, dh, w, b, np.float32)
+    X, R = da.from_array(x, chunks=(700, 200)), da.from_array(r, chunks=(700, 200))
+    DY, DH = da.from_array(dy, chunks=(700, 200)), da.from_array(dh, chunks=(700, 200))
+    fwd, bwd = fused_lazy("layer", X, R, DY, DH, w, b, np.float32)
+    with distributed.get_task_stream(client) as stream:
+        got = client.compute(list(fwd) + list(bwd), sync=True)
+    for g, want in zip(got, want_fwd + tuple(want_bwd)):
+        assert same(g, want)
+    ran = {t["worker"] for t in stream.data if t["key"][0].startswith("cynorm-add_layer_norm-backward")}
+    assert len(ran) == 2   # the fused backward ran on both processes

@@ -179,3 +179,67 @@ def test_bad_input_is_refused_with_a_message(call, exc, match):
     w = jnp.ones((8,), jnp.float32)
     with pytest.raises(exc, match=match):
         call(x, w)
+
+
+# ------------------------------------------------- fused residual add + norm --
+
+def fused_numpy(norm, x, r, dy, dh, w, b, h_dtype):
+    if norm == "layer":
+        y, h, mean, rstd = cynorm.add_layer_norm_forward(x, r, w, b, residual_dtype=h_dtype)
+        return (y, h), cynorm.add_layer_norm_backward(dy, h, mean, rstd, w, dh=dh)
+    y, h, rstd = cynorm.add_rms_norm_forward(x, r, w, residual_dtype=h_dtype)
+    dsum, dw = cynorm.add_rms_norm_backward(dy, h, rstd, w, dh=dh)
+    return (y, h), (dsum, dw, None)
+
+
+FUSED_CASES = [pytest.param((np.float32, np.float32, None), id="f32"),
+               pytest.param(("bfloat16", "bfloat16", None), id="bf16"),
+               pytest.param(("bfloat16", np.float32, np.float32), id="bf16-f32-stream32")]
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("case", FUSED_CASES)
+def test_fused_jit_grad_vmap_match_numpy(case, norm, rng):
+    xd, pd, h_dtype = case
+    x, dy, w, b = make_inputs(rng, (6, 40, 96), -1, (np.dtype(xd), np.dtype(pd)))
+    hd = np.dtype(h_dtype or xd)
+    r = rng.standard_normal(x.shape).astype(hd)
+    dh = rng.standard_normal(x.shape).astype(hd)
+    (y, h), (dsum, dw, db) = fused_numpy(norm, x, r, dy, dh, w, b, h_dtype)
+    if norm == "layer":
+        fn = lambda x, r, w, b: cnj.add_layer_norm(x, r, w, b, residual_dtype=h_dtype)
+    else:
+        fn = lambda x, r, w, b: cnj.add_rms_norm(x, r, w, residual_dtype=h_dtype)
+    jy, jh = jax.jit(fn)(x, r, w, b)
+    assert same(jy, y) and same(jh, h)
+    # vjp with cotangents (dy, dh): the gradient of x and residual is dsum
+    _, vjp = jax.vjp(fn, x, r, w, b)
+    gx, gr, gw, gb = vjp((jnp.asarray(dy), jnp.asarray(dh)))
+    assert same(gr, dsum.astype(np.asarray(r).dtype))
+    assert same(gx, dsum.astype(x.dtype))
+    assert same(gw, dw)
+    if norm == "layer":
+        assert same(gb, db)
+    # grad of a scalar loss through both outputs, jitted
+    loss = lambda x, r, w, b: (fn(x, r, w, b)[0].astype(jnp.float32) * dy.astype(np.float32)).sum() + \
+        (fn(x, r, w, b)[1].astype(jnp.float32) * dh.astype(np.float32)).sum()
+    g = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, r, w, b)
+    assert g[0].dtype == x.dtype and g[1].dtype == r.dtype
+    # vmap over the leading axis: each example's bits are those of a call on it alone
+    vy, vh = jax.vmap(fn, in_axes=(0, 0, None, None))(x, r, w, b)
+    for i in range(x.shape[0]):
+        (yi, hi), _ = fused_numpy(norm, x[i], r[i], dy[i], dh[i], w, b, h_dtype)
+        assert same(vy[i], yi) and same(vh[i], hi)
+    per_example = jax.vmap(lambda x, r, dy, dh: jax.vjp(lambda w: fn(x, r, w, b), w)[1]((dy, dh))[0],
+                           in_axes=(0, 0, 0, 0))(x, r, jnp.asarray(dy), jnp.asarray(dh))
+    for i in range(x.shape[0]):
+        _, (_, dwi, _) = fused_numpy(norm, x[i], r[i], dy[i], dh[i], w, b, h_dtype)
+        assert same(per_example[i], dwi)
+
+
+def test_fused_bad_input():
+    x = jnp.ones((4, 8), jnp.float32)
+    with pytest.raises(ValueError, match="residual must have the shape"):
+        cnj.add_layer_norm(x, jnp.ones((4, 7), jnp.float32))
+    with pytest.raises(TypeError, match="residual_dtype must be"):
+        cnj.add_layer_norm(x, x, residual_dtype=np.float16)

@@ -18,6 +18,7 @@ from ._api import (
     rms_norm_backward,
     rms_norm_forward,
 )
+from ._fused import add_layer_norm_backward, add_layer_norm_forward, add_rms_norm_backward, add_rms_norm_forward
 from ._alloc import release_recycled
 from ._config import show_config
 from ._threads import get_num_threads
@@ -36,6 +37,10 @@ __all__ = [
     "rms_norm",
     "rms_norm_forward",
     "rms_norm_backward",
+    "add_layer_norm_forward",
+    "add_layer_norm_backward",
+    "add_rms_norm_forward",
+    "add_rms_norm_backward",
     "show_config",
     "release_recycled",
     "get_num_threads",

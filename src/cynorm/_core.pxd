@@ -87,6 +87,7 @@ cdef extern from "cn_policy.h" nogil:
         int team_parts
         int prefetch_pieces
         int64_t block_rows
+        int64_t fused_rows
     enum:
         CN_PATH_SMALL
         CN_PATH_MEDIUM
@@ -132,6 +133,7 @@ cdef extern from "cn_ops.h" nogil:
         const void *mean
         const void *rstd
         const void *w
+        const void *dh
         void *dx
         int64_t M
         int64_t N
@@ -164,6 +166,7 @@ cdef extern from "cn_ops.h" nogil:
         void (*bwd_apply)(const cn_bwd_args *, int64_t, int64_t, int64_t, int64_t, const double *, void *, void *,
                           int64_t) noexcept nogil
         void (*acc_add)(void *, const void *, int64_t, int64_t) noexcept nogil
+        void (*add_residual)(const void *, const void *, int, void *, int, int64_t) noexcept nogil
 
     ctypedef struct cn_level_ops:
         const char *name
@@ -207,12 +210,40 @@ cdef extern from "cynorm.h" nogil:
         void *dbias
         void *dweight_blocks
         void *dbias_blocks
+    ctypedef struct cynorm_add_desc:
+        cynorm_desc base
+        int residual_dtype
+        int h_dtype
+        int dsum_dtype
+    ctypedef struct cynorm_add_fwd_bufs:
+        const void *x
+        const void *residual
+        const void *weight
+        const void *bias
+        void *y
+        void *h
+        void *mean
+        void *rstd
+    ctypedef struct cynorm_add_bwd_bufs:
+        const void *dy
+        const void *h
+        const void *mean
+        const void *rstd
+        const void *weight
+        const void *dh
+        void *dsum
+        void *dweight
+        void *dbias
+        void *dweight_blocks
+        void *dbias_blocks
     ctypedef struct cynorm_api:
         int abi_version
         int (*forward)(const cynorm_desc *, const cynorm_fwd_bufs *) noexcept nogil
         int (*backward)(const cynorm_desc *, const cynorm_bwd_bufs *) noexcept nogil
         const char *(*error_string)(int) noexcept nogil
         int64_t (*block_rows)(int64_t, int64_t, int) noexcept nogil
+        int (*add_forward)(const cynorm_add_desc *, const cynorm_add_fwd_bufs *) noexcept nogil
+        int (*add_backward)(const cynorm_add_desc *, const cynorm_add_bwd_bufs *) noexcept nogil
     enum:
         CYNORM_ABI_VERSION
         CYNORM_F32

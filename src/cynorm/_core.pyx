@@ -60,6 +60,7 @@ cdef void _narrow(int half, const float *src, void *dst, int64_t n) noexcept nog
 
 
 include "_drivers.pxi"
+include "_fused.pxi"
 
 
 # ------------------------------------------------------------------ levels --
@@ -192,6 +193,70 @@ def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, 
     _check(rc)
 
 
+def add_forward(int x_dtype, int param_dtype, int residual_dtype, int h_dtype, bint center, cnp.ndarray x,
+                cnp.ndarray residual, cnp.ndarray y, cnp.ndarray h, object weight, object bias, object mean,
+                object rstd, int64_t M, int64_t N, double eps, int num_threads, bint fresh=False):
+    """The fused residual add + norm forward (cynorm.h's add_forward) on checked
+    C-contiguous ndarrays; dtypes as cynorm.h numbers them."""
+    cdef cynorm_add_desc d
+    cdef cynorm_add_fwd_bufs b
+    weight = _contig(weight)
+    bias = _contig(bias)
+    _desc(&d.base, 0, center, M, N, eps, num_threads, False, fresh)
+    d.base.x_dtype = x_dtype
+    d.base.param_dtype = param_dtype
+    d.residual_dtype = residual_dtype
+    d.h_dtype = h_dtype
+    d.dsum_dtype = h_dtype
+    b.x = cnp.PyArray_DATA(x)
+    b.residual = cnp.PyArray_DATA(residual)
+    b.weight = _data(weight)
+    b.bias = _data(bias)
+    b.y = cnp.PyArray_DATA(y)
+    b.h = cnp.PyArray_DATA(h)
+    b.mean = _data(mean)
+    b.rstd = _data(rstd)
+    cdef int rc
+    with nogil:
+        rc = _c_add_forward(&d, &b)
+    _check(rc)
+
+
+def add_backward(int x_dtype, int param_dtype, int h_dtype, int dsum_dtype, bint center, cnp.ndarray dy,
+                 cnp.ndarray h, object mean, object rstd, object weight, object dh, cnp.ndarray dsum,
+                 object dweight, object dbias, int64_t M, int64_t N, int num_threads, bint fresh=False,
+                 int64_t block_rows=0, object dweight_blocks=None, object dbias_blocks=None):
+    """The fused backward (cynorm.h's add_backward): dsum = dx + dh (dh may be None);
+    blocks as in backward()."""
+    cdef cynorm_add_desc d
+    cdef cynorm_add_bwd_bufs b
+    weight = _contig(weight)
+    mean = _contig(mean)
+    rstd = _contig(rstd)
+    _desc(&d.base, 0, center, M, N, 0.0, num_threads, False, fresh)
+    d.base.x_dtype = x_dtype
+    d.base.param_dtype = param_dtype
+    d.residual_dtype = h_dtype
+    d.h_dtype = h_dtype
+    d.dsum_dtype = dsum_dtype
+    b.dy = cnp.PyArray_DATA(dy)
+    b.h = cnp.PyArray_DATA(h)
+    b.mean = _data(mean)
+    b.rstd = _data(rstd)
+    b.weight = _data(weight)
+    b.dh = _data(dh)
+    b.dsum = cnp.PyArray_DATA(dsum)
+    b.dweight = _data(dweight)
+    b.dbias = _data(dbias)
+    b.dweight_blocks = _data(dweight_blocks)
+    b.dbias_blocks = _data(dbias_blocks)
+    d.base.block_rows = block_rows
+    cdef int rc
+    with nogil:
+        rc = _c_add_backward(&d, &b)
+    _check(rc)
+
+
 # forward_small takes calls with fewer elements than this: there the Python-side
 # checks cost more than the work. (Below cynorm._api's huge-page gate, so its
 # outputs are plain np.empty ones either way.)
@@ -286,7 +351,9 @@ cn_xla_set_api(&_C_API_TABLE)
 def xla_targets():
     """{target name: PyCapsule of its XLA FFI handler} (ffi/xla.c), for jax.ffi.register_ffi_target."""
     return {"cynorm_forward": PyCapsule_New(cn_xla_handler_address(0), NULL, NULL),
-            "cynorm_backward": PyCapsule_New(cn_xla_handler_address(1), NULL, NULL)}
+            "cynorm_backward": PyCapsule_New(cn_xla_handler_address(1), NULL, NULL),
+            "cynorm_add_forward": PyCapsule_New(cn_xla_handler_address(2), NULL, NULL),
+            "cynorm_add_backward": PyCapsule_New(cn_xla_handler_address(3), NULL, NULL)}
 
 
 # ------------------------------------------------------------------ policy --

@@ -280,10 +280,15 @@ cdef int _c_forward(const cynorm_desc *d, const cynorm_fwd_bufs *b) noexcept nog
         return CYNORM_EINVAL
     if b.x == NULL or b.y == NULL:
         return CYNORM_EINVAL
+    return _forward_impl(d, b, cn_get_ops(pair), cn_half_params[pair], NULL)
+
+
+cdef int _forward_impl(const cynorm_desc *d, const cynorm_fwd_bufs *b, const cn_ops *ops, int half,
+                       const cn_fused_fwd *fused) noexcept nogil:
+    """A checked forward call on `ops` (x's kernel); half: 16-bit params to widen
+    (1 bf16, 2 f16). fused: the residual add first (x is then h)."""
     if d.rows == 0:
         return CYNORM_OK
-    cdef const cn_ops *ops = cn_get_ops(pair)
-    cdef int half = cn_half_params[pair]
     cdef int64_t N = d.cols
     cdef cn_fwd_args a
     cdef cn_call call
@@ -320,7 +325,7 @@ cdef int _c_forward(const cynorm_desc *d, const cynorm_fwd_bufs *b) noexcept nog
                 _widen(half, a.b, wide + N, N)
                 a.b = wide + N
     if rc == 0:
-        rc = _forward(ops, &a)
+        rc = _forward(ops, &a) if fused == NULL else _forward_fused(ops, &a, fused)
     cn_scratch_put(0, wide)
     if b.rstd == NULL:
         cn_scratch_put(3, a.rstd)
@@ -341,9 +346,18 @@ cdef int _c_backward(const cynorm_desc *d, const cynorm_bwd_bufs *b) noexcept no
             or (out_b != NULL and (out_w == NULL or not center))
             or (blocks and (b.dweight != NULL or b.dbias != NULL)) or (b.dbias_blocks != NULL and not blocks)):
         return CYNORM_EINVAL
+    return _backward_impl(d, b, cn_get_ops(pair), cn_half_params[pair], NULL)
+
+
+cdef int _backward_impl(const cynorm_desc *d, const cynorm_bwd_bufs *b, const cn_ops *ops, int half,
+                        const void *dh) noexcept nogil:
+    """A checked backward call on `ops` (x's kernel); half: 16-bit params (1 bf16,
+    2 f16). dh (fused): added to dx before it is rounded."""
+    cdef bint center = d.norm == CYNORM_LAYER_NORM
+    cdef bint blocks = b.dweight_blocks != NULL
+    cdef void *out_w = b.dweight_blocks if blocks else b.dweight
+    cdef void *out_b = b.dbias_blocks if blocks else b.dbias
     cdef int k = 0 if out_w == NULL else (2 if out_b != NULL else 1)
-    cdef const cn_ops *ops = cn_get_ops(pair)
-    cdef int half = cn_half_params[pair]
     cdef int64_t N = d.cols
     cdef size_t grad_bytes = N * (2 if half else ops.p_size)
     if d.rows == 0:   # no rows: zero gradients (and no blocks)
@@ -367,6 +381,7 @@ cdef int _c_backward(const cynorm_desc *d, const cynorm_bwd_bufs *b) noexcept no
     a.rstd = b.rstd
     a.w = b.weight
     a.dx = b.dx
+    a.dh = dh
     a.M = d.rows
     a.N = N
     a.center = center
@@ -412,3 +427,5 @@ _C_API_TABLE.forward = _c_forward
 _C_API_TABLE.backward = _c_backward
 _C_API_TABLE.error_string = _c_error_string
 _C_API_TABLE.block_rows = _c_block_rows
+_C_API_TABLE.add_forward = _c_add_forward
+_C_API_TABLE.add_backward = _c_add_backward

@@ -20,6 +20,11 @@ needed, and dx back to x's chunks), has each task return its blocks' partial
 sums, and adds them in block order, as one call does, then rounds once: the
 same bits. Row chunks in multiples of block_rows avoid the rechunk.
 
+Fused residual add + norm: ``add_layer_norm_forward(x, residual, ...)`` gives
+``(y, h, mean, rstd)`` chunk by chunk, and ``add_layer_norm_backward(dy, h, mean,
+rstd, w, dh=...)`` gives ``(dsum, dweight, dbias)`` with the same exact block
+order (as ``cynorm.add_layer_norm_forward`` / ``_backward``; RMSNorm likewise).
+
 Threads. Inside a ``distributed`` worker a task uses the worker's threads
 (threads_per_worker) divided by the tasks it is running, so a node is never
 oversubscribed; ``num_threads`` caps it. Elsewhere (threaded or synchronous
@@ -38,11 +43,13 @@ try:
 except ImportError as exc:  # pragma: no cover - the extra is missing
     raise ImportError("cynorm.dask needs dask: pip install 'cynorm[dask]'") from exc
 
-from . import _api, _core, _dtypes, _isa
+from . import _api, _core, _dtypes, _fused, _isa
 from ._threads import resolve_num_threads
 
 __all__ = ["layer_norm", "layer_norm_forward", "layer_norm_backward",
-           "rms_norm", "rms_norm_forward", "rms_norm_backward", "block_rows"]
+           "rms_norm", "rms_norm_forward", "rms_norm_backward",
+           "add_layer_norm_forward", "add_layer_norm_backward", "add_rms_norm_forward", "add_rms_norm_backward",
+           "block_rows"]
 
 
 # ------------------------------------------------------------- threads --
@@ -118,8 +125,10 @@ def block_rows(shape, axis=-1, dtype=np.float32):
 
 # -------------------------------------------------------------- forward --
 
-def _forward_task(x, weight, bias, *, axis, eps, center, num_threads):
+def _forward_task(x, residual, weight, bias, *, axis, eps, center, num_threads, h_dtype):
     T = _task_threads(num_threads)
+    if residual is not None:   # the fused forward: (y, h, mean, rstd)
+        return _fused._add_forward(x, residual, weight, bias, axis, eps, h_dtype, T, None, center)
     if center:
         return _api.layer_norm_forward(x, weight, bias, axis=axis, eps=eps, num_threads=T)
     y, rstd = _api.rms_norm_forward(x, weight, axis=axis, eps=eps, num_threads=T)
@@ -130,7 +139,8 @@ def _pick(parts, k):
     return parts[k]
 
 
-def _forward(x, weight, bias, axis, eps, num_threads, center):
+def _forward(x, weight, bias, axis, eps, num_threads, center, residual=None, residual_dtype=None):
+    """residual given: the fused forward, (y, h, mean, rstd)."""
     x = _as_dask(x, "x")
     ax, M, N, norm_shape = _layout(x, axis)
     weight, bias = _param(weight, "weight", norm_shape), _param(bias, "bias", norm_shape)
@@ -140,21 +150,37 @@ def _forward(x, weight, bias, axis, eps, num_threads, center):
         resolve_num_threads(num_threads)
     x = _whole_norm_axes(x, ax, "x")
     ind = tuple(range(x.ndim))
-    args = [x, ind]
+    fused = residual is not None
+    if fused:
+        residual = _as_dask(residual, "residual")
+        if tuple(residual.shape) != tuple(x.shape):
+            raise ValueError(f"cynorm: residual must have the shape of x, {x.shape}, got {residual.shape}")
+        h_dtype = _fused._stream_dtype(pair.x, residual_dtype)
+        if residual.dtype != pair.x and residual.dtype != h_dtype:
+            raise TypeError(f"cynorm: residual must have x's dtype ({_dtypes.dtype_name(pair.x)}) or residual_dtype "
+                            f"({_dtypes.dtype_name(h_dtype)}), got {_dtypes.dtype_name(residual.dtype)}")
+        residual = residual.rechunk(x.chunks)
+    args = [x, ind, residual, ind if fused else None]
     for p in (weight, bias):
         args += [p, ind[ax:]] if p is not None else [None, None]
-    norm = "layer_norm" if center else "rms_norm"
+    norm = ("add_" if fused else "") + ("layer_norm" if center else "rms_norm")
     parts = da.blockwise(_forward_task, ind, *args, axis=ax, eps=eps, center=center, num_threads=num_threads,
-                         token=f"cynorm-{norm}-forward",
+                         h_dtype=h_dtype if fused else None, token=f"cynorm-{norm}-forward",
                          meta=np.empty((0,) * x.ndim, object), dtype=object, concatenate=True)
     stat_chunks = x.chunks[:ax] + ((1,),) * (x.ndim - ax)
-    meta = np.empty((0,) * x.ndim, pair.x)
-    y = parts.map_blocks(_pick, 0, chunks=x.chunks, dtype=pair.x, meta=meta, token=f"cynorm-{norm}-y")
-    stat_meta = np.empty((0,) * x.ndim, pair.stat)
-    mean = (parts.map_blocks(_pick, 1, chunks=stat_chunks, dtype=pair.stat, meta=stat_meta, token=f"cynorm-{norm}-mean")
+    stat = _dtypes.F64 if (h_dtype if fused else pair.x) == _dtypes.F64 else pair.stat
+    y = parts.map_blocks(_pick, 0, chunks=x.chunks, dtype=pair.x, meta=np.empty((0,) * x.ndim, pair.x),
+                         token=f"cynorm-{norm}-y")
+    k = 1 + fused
+    stat_meta = np.empty((0,) * x.ndim, stat)
+    mean = (parts.map_blocks(_pick, k, chunks=stat_chunks, dtype=stat, meta=stat_meta, token=f"cynorm-{norm}-mean")
             if center else None)
-    rstd = parts.map_blocks(_pick, 2, chunks=stat_chunks, dtype=pair.stat, meta=stat_meta, token=f"cynorm-{norm}-rstd")
-    return y, mean, rstd
+    rstd = parts.map_blocks(_pick, k + 1, chunks=stat_chunks, dtype=stat, meta=stat_meta, token=f"cynorm-{norm}-rstd")
+    if not fused:
+        return y, mean, rstd
+    h = parts.map_blocks(_pick, 1, chunks=x.chunks, dtype=h_dtype, meta=np.empty((0,) * x.ndim, h_dtype),
+                         token=f"cynorm-{norm}-h")
+    return y, h, mean, rstd
 
 
 # ------------------------------------------------------------- backward --
@@ -167,16 +193,22 @@ def _aligned_chunks(chunks, B, M):
     return tuple(int(b - a) for a, b in zip(starts, starts[1:])) or (0,)
 
 
-def _backward_task(dy, x, mean, rstd, weight, *, code, center, N, B, acc, num_threads):
+def _backward_task(dy, x, mean, rstd, weight, dh=None, *, code, center, N, B, acc, num_threads):
+    """code: the pair code; or for the fused backward (x is h), the dtype codes
+    (x, params, h) of cynorm.h."""
     M = x.shape[0]
     dx = np.empty(x.shape, x.dtype)
     nb = -(-M // B)
     pw = np.empty((nb, N), acc) if weight is not None else None
     pb = np.empty((nb, N), acc) if weight is not None and center else None
     T = resolve_num_threads(_task_threads(num_threads))
-    if M:
-        _isa.kernels.backward(code, center, np.ascontiguousarray(dy), np.ascontiguousarray(x),
-                              None if mean is None else np.ascontiguousarray(mean), np.ascontiguousarray(rstd),
+    c = np.ascontiguousarray
+    if M and isinstance(code, tuple):
+        xc, pc, hc = code
+        _isa.kernels.add_backward(xc, pc, hc, hc, center, c(dy), c(x), None if mean is None else c(mean), c(rstd),
+                                  weight, None if dh is None else c(dh), dx, None, None, M, N, T, False, B, pw, pb)
+    elif M:
+        _isa.kernels.backward(code, center, c(dy), c(x), None if mean is None else c(mean), c(rstd),
                               weight, dx, None, None, M, N, T, False, B,
                               pw, pb)
     return dx, pw, pb
@@ -208,35 +240,48 @@ def _stats_2d(s, name, x, ax, M, stat_dtype):
     return s.reshape(M, 1)
 
 
-def _backward(dy, x, mean, rstd, weight, axis, num_threads, center):
+def _backward(dy, x, mean, rstd, weight, axis, num_threads, center, fused=False, dh=None):
+    """fused: x is h of the fused forward, dh (or None) is added to dx."""
     x, dy = _as_dask(x, "x"), _as_dask(dy, "dy")
     ax, M, N, norm_shape = _layout(x, axis)
     if tuple(dy.shape) != tuple(x.shape):
-        raise ValueError(f"cynorm: dy must have the shape of x, {x.shape}, got {dy.shape}")
-    if dy.dtype != x.dtype:
-        raise TypeError(f"cynorm: dy must have the dtype of x, {_dtypes.dtype_name(x.dtype)}, "
+        raise ValueError(f"cynorm: dy must have the shape of {'h' if fused else 'x'}, {x.shape}, got {dy.shape}")
+    wide_h = fused and x.dtype == _dtypes.F32 and dy.dtype in (_dtypes.BF16, _dtypes.F16)
+    if dy.dtype != x.dtype and not wide_h:
+        raise TypeError(f"cynorm: dy must have the dtype of {'h' if fused else 'x'}, {_dtypes.dtype_name(x.dtype)}, "
                         f"got {_dtypes.dtype_name(dy.dtype)}")
     weight = _param(weight, "weight", norm_shape)
-    pair = _pair(x, weight, None)
+    pair = _pair(dy, weight, None)
     if num_threads is not None:
         resolve_num_threads(num_threads)
-    mean2 = _stats_2d(mean, "mean", x, ax, M, pair.stat) if center else None
-    rstd2 = _stats_2d(rstd, "rstd", x, ax, M, pair.stat)
+    stat = _dtypes.F64 if x.dtype == _dtypes.F64 else _dtypes.F32
+    mean2 = _stats_2d(mean, "mean", x, ax, M, stat) if center else None
+    rstd2 = _stats_2d(rstd, "rstd", x, ax, M, stat)
+    if dh is not None:
+        dh = _as_dask(dh, "dh")
+        if tuple(dh.shape) != tuple(x.shape) or dh.dtype != x.dtype:
+            raise TypeError(f"cynorm: dh must have h's shape and dtype, {x.shape} {_dtypes.dtype_name(x.dtype)}, "
+                            f"got {dh.shape} {_dtypes.dtype_name(dh.dtype)}")
     x_chunks = x.chunks
     x2 = _whole_norm_axes(x, ax, "x").reshape(M, N)
     dy2 = _whole_norm_axes(dy, ax, "dy").reshape(M, N)
-    acc = np.dtype(np.float64 if pair.x == _dtypes.F64 else np.float32)
+    acc = np.dtype(np.float64 if x.dtype == _dtypes.F64 else np.float32)
     B = _core.block_rows(M, N, acc.itemsize)
     rows = _aligned_chunks(x2.chunks[0], B, M)
     x2, dy2, rstd2 = x2.rechunk((rows, N)), dy2.rechunk((rows, N)), rstd2.rechunk((rows, 1))
     mean2 = mean2.rechunk((rows, 1)) if center else None
+    dh2 = _whole_norm_axes(dh, ax, "dh").reshape(M, N).rechunk((rows, N)) if dh is not None else None
     w1 = weight.reshape(N) if weight is not None else None
-    norm = "layer_norm" if center else "rms_norm"
+    norm = ("add_" if fused else "") + ("layer_norm" if center else "rms_norm")
+    code = pair.code
+    if fused:
+        code = (_fused._CODE[pair.x], _fused._param_code(pair, weight, None), _fused._CODE[np.dtype(x.dtype)])
     parts = da.blockwise(_backward_task, "ij", dy2, "ij", x2, "ij", mean2, "ij" if center else None, rstd2, "ij",
-                         w1, "j" if weight is not None else None, code=pair.code, center=center, N=N, B=B, acc=acc,
+                         w1, "j" if weight is not None else None, dh2, "ij" if dh is not None else None,
+                         code=code, center=center, N=N, B=B, acc=acc,
                          num_threads=num_threads, token=f"cynorm-{norm}-backward", meta=np.empty((0, 0), object),
                          dtype=object, concatenate=True)
-    dx = parts.map_blocks(_pick, 0, chunks=(rows, (N,)), dtype=pair.x, meta=np.empty((0, 0), pair.x),
+    dx = parts.map_blocks(_pick, 0, chunks=(rows, (N,)), dtype=x.dtype, meta=np.empty((0, 0), x.dtype),
                           token=f"cynorm-{norm}-dx")
     dx = dx.reshape(x.shape)
     if dx.chunks != x_chunks:
@@ -288,3 +333,30 @@ def rms_norm_backward(dy, x, rstd, weight=None, *, axis=-1, num_threads=None):
     on the whole array, for any chunking (None without a weight)."""
     dx, dw, _ = _backward(dy, x, None, rstd, weight, axis, num_threads, False)
     return dx, dw
+
+
+# ------------------------------------------------- fused residual add + norm --
+
+def add_layer_norm_forward(x, residual, weight=None, bias=None, *, axis=-1, eps=1e-5, residual_dtype=None,
+                           num_threads=None):
+    """``(y, h, mean, rstd)`` as dask arrays (as ``cynorm.add_layer_norm_forward``);
+    residual is rechunked to x's chunks."""
+    return _forward(x, weight, bias, axis, eps, num_threads, True, residual, residual_dtype)
+
+
+def add_layer_norm_backward(dy, h, mean, rstd, weight=None, *, dh=None, axis=-1, num_threads=None):
+    """``(dsum, dweight, dbias)`` as dask arrays (as ``cynorm.add_layer_norm_backward``):
+    dsum = dx + dh in h's dtype; dweight/dbias bit-identical to one call on the whole array."""
+    return _backward(dy, h, mean, rstd, weight, axis, num_threads, True, fused=True, dh=dh)
+
+
+def add_rms_norm_forward(x, residual, weight=None, *, axis=-1, eps=1e-6, residual_dtype=None, num_threads=None):
+    """``(y, h, rstd)`` as dask arrays (as ``cynorm.add_rms_norm_forward``)."""
+    y, h, _, rstd = _forward(x, weight, None, axis, eps, num_threads, False, residual, residual_dtype)
+    return y, h, rstd
+
+
+def add_rms_norm_backward(dy, h, rstd, weight=None, *, dh=None, axis=-1, num_threads=None):
+    """``(dsum, dweight)`` as dask arrays (as ``cynorm.add_rms_norm_backward``)."""
+    dsum, dw, _ = _backward(dy, h, None, rstd, weight, axis, num_threads, False, fused=True, dh=dh)
+    return dsum, dw

@@ -5,6 +5,10 @@
     y = cnj.layer_norm(x, w, b)                               # jit, grad, vmap, checkpoint
     dx = jax.grad(lambda x: cnj.layer_norm(x, w, b).sum())(x)
 
+``add_layer_norm`` and ``add_rms_norm`` are the fused residual add + norm
+(``cynorm.add_layer_norm_forward``): they return ``(y, h)``, and their
+gradient with respect to x and residual is ``dx + dh``, added before rounding.
+
 ``layer_norm`` and ``rms_norm`` are differentiable (``jax.custom_vjp``: the
 forward saves mean/rstd, the backward runs cynorm's backward) and run jitted.
 The kernels are XLA FFI custom calls (``jax.ffi.ffi_call``): XLA's buffers go
@@ -37,7 +41,7 @@ from . import _core, _dtypes
 from ._api import _axis, _eps
 from ._threads import MAX_THREADS
 
-__all__ = ["layer_norm", "rms_norm"]
+__all__ = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"]
 
 for _name, _capsule in _core.xla_targets().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
@@ -154,3 +158,99 @@ def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, num_threads=None):
     ``cynorm.rms_norm``. Returns y with x's dtype."""
     return _jitted(_as_array(x), _as_array(weight), None, axis=_static_axis(axis), eps=_eps(eps), center=False,
                    num_threads=_threads(num_threads))
+
+
+# ------------------------------------------------- fused residual add + norm --
+
+def _stream(x, residual, residual_dtype):
+    """h's dtype (as cynorm._fused checks it), with residual's shape and dtype checked."""
+    from ._fused import _stream_dtype
+    xd = np.dtype(x.dtype)
+    _dtypes.check_x_dtype(xd)
+    hd = _stream_dtype(xd, residual_dtype)
+    if tuple(residual.shape) != tuple(x.shape):
+        raise ValueError(f"cynorm: residual must have the shape of x, {tuple(x.shape)}, got {tuple(residual.shape)}")
+    rd = np.dtype(residual.dtype)
+    if rd != xd and rd != hd:
+        raise TypeError(f"cynorm: residual must have x's dtype ({_dtypes.dtype_name(xd)}) or residual_dtype "
+                        f"({_dtypes.dtype_name(hd)}), got {_dtypes.dtype_name(rd)}")
+    return hd
+
+
+def _add_forward(x, residual, weight, bias, axis, eps, center, h_dtype, num_threads):
+    axis, _ = _check(x, weight, bias, axis, eps)
+    hd = np.dtype(h_dtype)
+    stat = _dtypes.F64 if hd == _dtypes.F64 else _dtypes.F32
+    stat_shape = tuple(x.shape[:axis]) + (1,) * (x.ndim - axis)
+    results = [jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(x.shape, hd)]
+    results += [jax.ShapeDtypeStruct(stat_shape, stat)] * (2 if center else 1)
+    args = [x, residual] + [p for p in (weight, bias) if p is not None]
+    out = jax.ffi.ffi_call("cynorm_add_forward", results, vmap_method="expand_dims")(
+        *args, eps=np.float64(eps), **_attrs(x, axis, center, weight is not None, bias is not None, num_threads))
+    return (out[0], out[1], out[2], out[3]) if center else (out[0], out[1], None, out[2])
+
+
+def _add_backward(dy, h, mean, rstd, weight, dh, axis, center, num_threads):
+    axis, _ = _check(dy, weight, None, axis, None)
+    results = [jax.ShapeDtypeStruct(h.shape, h.dtype)]
+    if weight is not None:
+        results += [jax.ShapeDtypeStruct(weight.shape, _dtypes.resolve(np.dtype(dy.dtype), np.dtype(weight.dtype)).grad)]
+        if center:
+            results.append(results[-1])
+    args = [dy, h] + ([mean] if center else []) + [rstd] + ([weight] if weight is not None else []) + [dh]
+    out = jax.ffi.ffi_call("cynorm_add_backward", results, vmap_method="expand_dims")(
+        *args, has_dh=np.int32(1), **_attrs(dy, axis, center, weight is not None, False, num_threads))
+    out = list(out) + [None] * (3 - len(out))
+    return out[0], out[1], out[2]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
+def _add_norm(x, residual, weight, bias, axis, eps, center, h_dtype, num_threads):
+    y, h, _, _ = _add_forward(x, residual, weight, bias, axis, eps, center, h_dtype, num_threads)
+    return y, h
+
+
+def _add_norm_fwd(x, residual, weight, bias, axis, eps, center, h_dtype, num_threads):
+    y, h, mean, rstd = _add_forward(x, residual, weight, bias, axis, eps, center, h_dtype, num_threads)
+    # dtypes of x and residual, for their cotangents (a residual must be a JAX value)
+    return (y, h), (h, weight, bias, mean, rstd, jnp.zeros((), x.dtype), jnp.zeros((), residual.dtype))
+
+
+def _add_norm_bwd(axis, eps, center, h_dtype, num_threads, res, cts):
+    h, weight, bias, mean, rstd, x_proto, r_proto = res
+    dy, dh = cts
+    w = weight
+    if w is None and bias is not None:   # dbias needs the weight path: a weight of ones changes no bit
+        w = jnp.ones_like(bias)
+    dsum, dw, db = _add_backward(dy.astype(x_proto.dtype), h, mean, rstd, w, dh.astype(h.dtype), axis, center,
+                                 num_threads)
+    return (dsum.astype(x_proto.dtype), dsum.astype(r_proto.dtype), (dw if weight is not None else None),
+            (db if bias is not None else None))
+
+
+_add_norm.defvjp(_add_norm_fwd, _add_norm_bwd)
+
+
+@functools.partial(jax.jit, static_argnames=("axis", "eps", "center", "h_dtype", "num_threads"))
+def _add_jitted(x, residual, weight, bias, axis, eps, center, h_dtype, num_threads):
+    return _add_norm(x, residual, weight, bias, axis, eps, center, h_dtype, num_threads)
+
+
+def add_layer_norm(x, residual, weight=None, bias=None, *, axis=-1, eps=1e-5, residual_dtype=None, num_threads=None):
+    """``h = x + residual`` (rounded once to residual_dtype), then LayerNorm of h, as a
+    differentiable JAX function: returns ``(y, h)``; arguments as
+    ``cynorm.add_layer_norm_forward``. The cotangent of x and of residual is
+    ``dx + dh`` (h's cotangent added to the norm's dx in float32 before rounding),
+    cast to their dtypes."""
+    x, residual = _as_array(x), _as_array(residual)
+    hd = _stream(x, residual, residual_dtype)
+    return _add_jitted(x, residual, _as_array(weight), _as_array(bias), axis=_static_axis(axis), eps=_eps(eps),
+                       center=True, h_dtype=hd.name, num_threads=_threads(num_threads))
+
+
+def add_rms_norm(x, residual, weight=None, *, axis=-1, eps=1e-6, residual_dtype=None, num_threads=None):
+    """``h = x + residual``, then RMSNorm of h: ``(y, h)``, as add_layer_norm."""
+    x, residual = _as_array(x), _as_array(residual)
+    hd = _stream(x, residual, residual_dtype)
+    return _add_jitted(x, residual, _as_array(weight), None, axis=_static_axis(axis), eps=_eps(eps), center=False,
+                       h_dtype=hd.name, num_threads=_threads(num_threads))

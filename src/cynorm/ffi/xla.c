@@ -16,6 +16,10 @@
  * dims), has_weight, has_bias (s32), num_threads (s32, 0: the default).
  *   forward:  x [, weight] [, bias]             -> y [, mean], rstd
  *   backward: dy, x [, mean], rstd [, weight]    -> dx [, dweight [, dbias]]
+ * The fused residual add + norm (cynorm.h's add_forward/add_backward), with
+ * has_dh (s32) in the backward; dtypes are the buffers':
+ *   add forward:  x, residual [, weight] [, bias]        -> y, h [, mean], rstd
+ *   add backward: dy, h [, mean], rstd [, weight] [, dh]  -> dsum [, dweight [, dbias]]
  */
 #include <stdint.h>
 #include <string.h>
@@ -271,8 +275,105 @@ static cn_xla_error *cn_xla_backward(cn_xla_call_frame *f)
     return NULL;
 }
 
-/* The handlers' addresses, for PyCapsules (jax.ffi.register_ffi_target). */
-void *cn_xla_handler_address(int backward)
+/* x, residual [, weight] [, bias] -> y, h [, mean], rstd */
+static cn_xla_error *cn_xla_add_forward(cn_xla_call_frame *f)
 {
-    return backward ? (void *)cn_xla_backward : (void *)cn_xla_forward;
+    int done;
+    cn_xla_error *err = check_frame(f, &done);
+    if (err || done) return err;
+    layout l;
+    const char *why = f->rets.size >= 3 ? read_layout(f, (const cn_xla_buffer *)f->rets.items[0], &l) : "cynorm: results";
+    if (why) return fail(f, CN_XLA_ERROR_INVALID_ARGUMENT, why);
+    if (f->args.size != 2 + l.has_weight + l.has_bias || f->rets.size != 3 + l.center)
+        return fail(f, CN_XLA_ERROR_INVALID_ARGUMENT, "cynorm: wrong number of operands or results");
+    operand x, r, w, b, y, h, mean, rstd;
+    const cn_xla_buffer *xb = (const cn_xla_buffer *)f->args.items[0], *rb = (const cn_xla_buffer *)f->args.items[1];
+    const cn_xla_buffer *wb = l.has_weight ? (const cn_xla_buffer *)f->args.items[2] : NULL;
+    const cn_xla_buffer *bb = l.has_bias ? (const cn_xla_buffer *)f->args.items[2 + l.has_weight] : NULL;
+    const cn_xla_buffer *hb = (const cn_xla_buffer *)f->rets.items[1];
+    const int ok = operand_of(xb, l.levels, l.dims, &x) && operand_of(rb, l.levels, l.dims, &r) &&
+                   (!wb || operand_of(wb, l.levels, l.dims, &w)) && (!bb || operand_of(bb, l.levels, l.dims, &b)) &&
+                   operand_of((const cn_xla_buffer *)f->rets.items[0], l.levels, l.dims, &y) &&
+                   operand_of(hb, l.levels, l.dims, &h) &&
+                   (!l.center || operand_of((const cn_xla_buffer *)f->rets.items[2], l.levels, l.dims, &mean)) &&
+                   operand_of((const cn_xla_buffer *)f->rets.items[2 + l.center], l.levels, l.dims, &rstd);
+    if (!ok) return fail(f, CN_XLA_ERROR_INVALID_ARGUMENT, "cynorm: operand shapes do not broadcast over the vmap levels");
+    cynorm_add_desc d = {{l.center ? CYNORM_LAYER_NORM : CYNORM_RMS_NORM, cynorm_dtype(xb->dtype),
+                          wb ? cynorm_dtype(wb->dtype) : bb ? cynorm_dtype(bb->dtype) : CYNORM_NO_PARAMS,
+                          l.rows, l.cols, l.eps, (int)l.num_threads, 0, 0},
+                         cynorm_dtype(rb->dtype), cynorm_dtype(hb->dtype), cynorm_dtype(hb->dtype)};
+    int64_t groups = l.groups, index[CN_MAX_LEVELS] = {0};
+    int merge = 1;
+    for (int k = 0; k < l.levels; k++)
+        merge &= x.step[k] != 0 && r.step[k] != 0 && (!wb || w.step[k] == 0) && (!bb || b.step[k] == 0);
+    if (merge) { d.base.rows = l.rows * l.groups; groups = 1; }
+    d.base.flags = fresh_output(y.data, d.base.rows * l.cols, xb->dtype);
+    for (int64_t g = 0; g < groups; g++, next_index(index, &l)) {
+        cynorm_add_fwd_bufs bufs = {at(&x, l.levels, index), at(&r, l.levels, index),
+                                    wb ? at(&w, l.levels, index) : NULL, bb ? at(&b, l.levels, index) : NULL,
+                                    at(&y, l.levels, index), at(&h, l.levels, index),
+                                    l.center ? at(&mean, l.levels, index) : NULL, at(&rstd, l.levels, index)};
+        int rc = cn_xla_cynorm->add_forward(&d, &bufs);
+        if (rc != CYNORM_OK) return status(f, rc);
+    }
+    return NULL;
+}
+
+/* dy, h [, mean], rstd [, weight] [, dh] -> dsum [, dweight [, dbias]] */
+static cn_xla_error *cn_xla_add_backward(cn_xla_call_frame *f)
+{
+    int done;
+    cn_xla_error *err = check_frame(f, &done);
+    if (err || done) return err;
+    layout l;
+    int64_t has_dh = 0;
+    double unused;
+    const char *why = f->rets.size >= 1 ? read_layout(f, (const cn_xla_buffer *)f->rets.items[0], &l) : "cynorm: results";
+    if (!why && !attr(f, "has_dh", &has_dh, &unused)) why = "cynorm: an attribute is missing";
+    if (why) return fail(f, CN_XLA_ERROR_INVALID_ARGUMENT, why);
+    const int64_t grads = l.has_weight ? 1 + l.center : 0;
+    if (f->args.size != 3 + l.center + l.has_weight + has_dh || f->rets.size != 1 + grads)
+        return fail(f, CN_XLA_ERROR_INVALID_ARGUMENT, "cynorm: wrong number of operands or results");
+    operand dy, h, mean, rstd, w, dh, dsum, dw, db;
+    const cn_xla_buffer *dyb = (const cn_xla_buffer *)f->args.items[0], *hb = (const cn_xla_buffer *)f->args.items[1];
+    const cn_xla_buffer *wb = l.has_weight ? (const cn_xla_buffer *)f->args.items[3 + l.center] : NULL;
+    const cn_xla_buffer *dhb = has_dh ? (const cn_xla_buffer *)f->args.items[3 + l.center + l.has_weight] : NULL;
+    const cn_xla_buffer *sb = (const cn_xla_buffer *)f->rets.items[0];
+    const int ok = operand_of(dyb, l.levels, l.dims, &dy) && operand_of(hb, l.levels, l.dims, &h) &&
+                   (!l.center || operand_of((const cn_xla_buffer *)f->args.items[2], l.levels, l.dims, &mean)) &&
+                   operand_of((const cn_xla_buffer *)f->args.items[2 + l.center], l.levels, l.dims, &rstd) &&
+                   (!wb || operand_of(wb, l.levels, l.dims, &w)) && (!dhb || operand_of(dhb, l.levels, l.dims, &dh)) &&
+                   operand_of(sb, l.levels, l.dims, &dsum) &&
+                   (grads < 1 || operand_of((const cn_xla_buffer *)f->rets.items[1], l.levels, l.dims, &dw)) &&
+                   (grads < 2 || operand_of((const cn_xla_buffer *)f->rets.items[2], l.levels, l.dims, &db));
+    if (!ok) return fail(f, CN_XLA_ERROR_INVALID_ARGUMENT, "cynorm: operand shapes do not broadcast over the vmap levels");
+    if (dhb && dhb->dtype != hb->dtype) return fail(f, CN_XLA_ERROR_INVALID_ARGUMENT, "cynorm: dh must have h's dtype");
+    cynorm_add_desc d = {{l.center ? CYNORM_LAYER_NORM : CYNORM_RMS_NORM, cynorm_dtype(dyb->dtype),
+                          wb ? cynorm_dtype(wb->dtype) : CYNORM_NO_PARAMS, l.rows, l.cols, 0.0, (int)l.num_threads, 0, 0},
+                         cynorm_dtype(hb->dtype), cynorm_dtype(hb->dtype), cynorm_dtype(sb->dtype)};
+    int64_t index[CN_MAX_LEVELS] = {0};
+    d.base.flags = fresh_output(dsum.data, l.groups * l.rows * l.cols, sb->dtype);
+    /* one call per group: each example's dweight/dbias are its own */
+    for (int64_t g = 0; g < l.groups; g++, next_index(index, &l)) {
+        cynorm_add_bwd_bufs bufs = {at(&dy, l.levels, index), at(&h, l.levels, index),
+                                    l.center ? at(&mean, l.levels, index) : NULL, at(&rstd, l.levels, index),
+                                    wb ? at(&w, l.levels, index) : NULL, dhb ? at(&dh, l.levels, index) : NULL,
+                                    at(&dsum, l.levels, index), grads >= 1 ? at(&dw, l.levels, index) : NULL,
+                                    grads >= 2 ? at(&db, l.levels, index) : NULL, NULL, NULL};
+        int rc = cn_xla_cynorm->add_backward(&d, &bufs);
+        if (rc != CYNORM_OK) return status(f, rc);
+    }
+    return NULL;
+}
+
+/* The handlers' addresses, for PyCapsules (jax.ffi.register_ffi_target):
+ * 0 forward, 1 backward, 2 add forward, 3 add backward. */
+void *cn_xla_handler_address(int which)
+{
+    switch (which) {
+    case 1: return (void *)cn_xla_backward;
+    case 2: return (void *)cn_xla_add_forward;
+    case 3: return (void *)cn_xla_add_backward;
+    default: return (void *)cn_xla_forward;
+    }
 }

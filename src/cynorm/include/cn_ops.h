@@ -61,6 +61,7 @@ typedef struct {
 
 typedef struct {
     const void *dy, *x, *mean, *rstd, *w; /* mean unused (may be NULL) for RMSNorm */
+    const void *dh;      /* fused backward: dx + dh is stored (x's storage); NULL: dx */
     void *dx;
     int64_t M, N;
     int center;
@@ -111,6 +112,8 @@ typedef struct {
                       const double *rowsums, void *dw_part, void *db_part, int64_t first_row_of_block);
     /* partial sums (accumulator dtype): dst[c0:c1] += src[c0:c1] */
     void (*acc_add)(void *dst, const void *src, int64_t c0, int64_t c1);
+    /* fused residual add: h = x + r over n elements, rounded once (kernels/cn_residual.h) */
+    void (*add_residual)(const void *x, const void *r, int r_wide, void *h, int h_wide, int64_t n);
 } cn_ops;
 
 /* Everything one ISA level exports: kernels/level.c. */

@@ -26,7 +26,7 @@
 extern "C" {
 #endif
 
-#define CYNORM_ABI_VERSION 1
+#define CYNORM_ABI_VERSION 2   /* 2: add_forward / add_backward */
 
 enum cynorm_dtype { CYNORM_F32 = 0, CYNORM_F64 = 1, CYNORM_BF16 = 2, CYNORM_F16 = 3, CYNORM_NO_PARAMS = -1 };
 enum cynorm_norm { CYNORM_LAYER_NORM = 0, CYNORM_RMS_NORM = 1 };
@@ -60,12 +60,37 @@ typedef struct {
     void *dweight_blocks, *dbias_blocks;
 } cynorm_bwd_bufs;
 
+/* Fused residual add + norm. Forward: h = x + residual, added in float32
+ * (float64 for float64 x) and rounded once to h_dtype; mean/rstd are h's, so
+ * y is bit-identical to forward() on h (rounded to x's dtype when h is wider).
+ * Backward: dsum = dx + dh, added before dx is rounded, rounded once to
+ * dsum_dtype; dweight/dbias are backward()'s on h. */
+typedef struct {
+    cynorm_desc base;      /* x_dtype: x, y, dy; param_dtype as for the plain norms */
+    int residual_dtype;    /* residual: x_dtype or h_dtype */
+    int h_dtype;           /* h and dh: x_dtype, or CYNORM_F32 for 16-bit x (an fp32 residual stream) */
+    int dsum_dtype;        /* backward: h_dtype or x_dtype */
+} cynorm_add_desc;
+
+typedef struct {
+    const void *x, *residual, *weight, *bias;
+    void *y, *h, *mean, *rstd;   /* h may be residual or x, y may be x (same dtype); mean/rstd may be NULL */
+} cynorm_add_fwd_bufs;
+
+typedef struct {
+    const void *dy, *h, *mean, *rstd, *weight, *dh;   /* dh may be NULL (dsum = dx) */
+    void *dsum, *dweight, *dbias;                     /* dsum may be dy, h or dh (same dtype) */
+    void *dweight_blocks, *dbias_blocks;              /* as in cynorm_bwd_bufs */
+} cynorm_add_bwd_bufs;
+
 typedef struct {
     int abi_version;                                                  /* CYNORM_ABI_VERSION */
     int (*forward)(const cynorm_desc *d, const cynorm_fwd_bufs *b);   /* returns a cynorm_status */
     int (*backward)(const cynorm_desc *d, const cynorm_bwd_bufs *b);
     const char *(*error_string)(int status);
     int64_t (*block_rows)(int64_t rows, int64_t cols, int x_dtype);   /* the canonical dweight block */
+    int (*add_forward)(const cynorm_add_desc *d, const cynorm_add_fwd_bufs *b);     /* ABI 2 */
+    int (*add_backward)(const cynorm_add_desc *d, const cynorm_add_bwd_bufs *b);   /* ABI 2 */
 } cynorm_api;
 
 #define CYNORM_CAPSULE "cynorm._core._C_API"

@@ -67,13 +67,14 @@ static void bwd_dx_range(const cn_bwd_args *a, int64_t r, int64_t c0, int64_t c1
     const int64_t N = a->N, n = c1 - c0;
     const xt *dy = (const xt *)a->dy + r * N + c0, *x = (const xt *)a->x + r * N + c0;
     xt *dx = (xt *)a->dx + r * N + c0;
+    const xt *dh = a->dh ? (const xt *)a->dh + r * N + c0 : NULL;
     const pt *w = a->w ? (const pt *)a->w + c0 : NULL;
     const at mean = a->center ? ((const at *)a->mean)[r] : (at)0, rstd = ((const at *)a->rstd)[r];
     const at k1 = (at)(s1 / (double)N), k2 = (at)(s2 / (double)N);
     if (dwp) { dwp += c0; if (dbp) dbp += c0; }
 #define DX(C, W, ACC, DB) \
-    (a->pol->stream ? dx_row(dy, x, w, dx, n, mean, rstd, k1, k2, C, W, 1, pf, npf, dwp, dbp, ACC, DB) \
-               : dx_row(dy, x, w, dx, n, mean, rstd, k1, k2, C, W, 0, pf, npf, dwp, dbp, ACC, DB))
+    (a->pol->stream ? dx_row(dy, x, w, dh, dx, n, mean, rstd, k1, k2, C, W, 1, pf, npf, dwp, dbp, ACC, DB) \
+               : dx_row(dy, x, w, dh, dx, n, mean, rstd, k1, k2, C, W, 0, pf, npf, dwp, dbp, ACC, DB))
     if (!dwp || !w) {
         if (a->center) { if (w) DX(1, 1, 0, 0); else DX(1, 0, 0, 0); }
         else { if (w) DX(0, 1, 0, 0); else DX(0, 0, 0, 0); }
@@ -146,6 +147,7 @@ CN_INLINE void bwd_small_block(const cn_bwd_args *a, int64_t r0, const int64_t n
     const at *MEAN = (const at *)a->mean, *RSTD = (const at *)a->rstd;
     const xt *X = (const xt *)a->x + r0 * N, *DY = (const xt *)a->dy + r0 * N;
     xt *DX = (xt *)a->dx + r0 * N;
+    const xt *DH = a->dh ? (const xt *)a->dh + r0 * N : NULL;
     at c1[SMALL_BLOCK], c2[SMALL_BLOCK];
     vec acc1[SMALL_BLOCK], acc2[SMALL_BLOCK];
     int64_t i;
@@ -186,6 +188,7 @@ CN_INLINE void bwd_small_block(const cn_bwd_args *a, int64_t r0, const int64_t n
             o[k] = VOP(mul)(VOP(mul_sub_from)(h, C2, t), Rv);
             dwacc[k] = VOP(mul_add)(dyv, h, dwacc[k]);
             dbacc[k] = VOP(add)(dbacc[k], dyv);
+            if (DH) o[k] = with_dh(o[k], DH + i * N + k * VL, 0, k < NV - 1 ? VL : tail, full_);
         }
         store_small_row(DX + i * N, o, NV, tail);
     }

@@ -439,6 +439,13 @@ CN_INLINE void grad_sums(const xt *dy, const xt *x, const pt *w, int64_t n, int6
     }
 }
 
+/* The fused backward's residual gradient: dx + dh in the accumulator lanes,
+ * rounded once when stored (dh NULL: dx as it is). */
+CN_INLINE vec with_dh(vec dx, const xt *dh, int64_t j, int64_t t, const int full)
+{
+    return dh ? VOP(add)(dx, load_x_t(dh + j, t, full)) : dx;
+}
+
 /* dx[j:j+t] of one row (and with acc, the row added into the partials: acc 1
  * writes them, 2 adds -- the operations of grad_sums, so the partials come
  * out bit-identical) */
@@ -464,12 +471,12 @@ CN_INLINE vec dx_vec(const xt *dy, const xt *x, const pt *w, at *dwp, at *dbp, i
 /* Pass 2 over one row: dx = rstd * (g - c1 - xhat * c2), c1 = k1, c2 = k2.
  * stream: non-temporal stores after an aligning head; meanwhile npf elements
  * pf elements on are prefetched (the walk from cache leaves DRAM idle). */
-CN_INLINE void dx_row(const xt *dy, const xt *x, const pt *w, xt *dx, int64_t n, at mean, at rstd, at k1,
-                      at k2, const int center, const int has_w, const int stream, int64_t pf, int64_t npf,
+CN_INLINE void dx_row(const xt *dy, const xt *x, const pt *w, const xt *dh, xt *dx, int64_t n, at mean, at rstd,
+                      at k1, at k2, const int center, const int has_w, const int stream, int64_t pf, int64_t npf,
                       at *dwp, at *dbp, const int acc, const int has_db)
 {
     const vec M = VOP(set1)(mean), R = VOP(set1)(rstd), C1 = VOP(set1)(k1), C2 = VOP(set1)(k2);
-#define DX(j, t, full) dx_vec(dy, x, w, dwp, dbp, j, t, full, M, R, C1, C2, center, has_w, acc, has_db)
+#define DX(j, t, full) with_dh(dx_vec(dy, x, w, dwp, dbp, j, t, full, M, R, C1, C2, center, has_w, acc, has_db), dh, j, t, full)
 #define PF(j) { if ((j) < npf) { cn_prefetch(x + pf + (j)); cn_prefetch(dy + pf + (j)); } }
 #define STEP(j, t, full, s) { if (full) PF(j) store_x_t(dx + (j), DX(j, t, full), t, full, stream); }
 #define STEP2(j)                                                                          \
@@ -510,7 +517,7 @@ CN_INLINE void dx_rows_impl(const cn_bwd_args *a, int64_t r, const int R, int64_
                             const int has_db, const int stream, int64_t pfo, int64_t npf)
 {
     const int64_t N = a->N, n = c1 - c0;
-    const xt *x[4], *dy[4];
+    const xt *x[4], *dy[4], *dh[4];
     xt *dx[4];
     vec Mv[4], Rv[4], C1[4], C2[4];
     const pt *w = (const pt *)a->w + c0;
@@ -519,6 +526,7 @@ CN_INLINE void dx_rows_impl(const cn_bwd_args *a, int64_t r, const int R, int64_
         x[i] = (const xt *)a->x + (r + i) * N + c0;
         dy[i] = (const xt *)a->dy + (r + i) * N + c0;
         dx[i] = (xt *)a->dx + (r + i) * N + c0;
+        dh[i] = a->dh ? (const xt *)a->dh + (r + i) * N + c0 : NULL;
         Mv[i] = VOP(set1)(center ? ((const at *)a->mean)[r + i] : (at)0);
         Rv[i] = VOP(set1)(((const at *)a->rstd)[r + i]);
         C1[i] = VOP(set1)((at)(rowsums[2 * i] / (double)N));
@@ -531,7 +539,8 @@ CN_INLINE void dx_rows_impl(const cn_bwd_args *a, int64_t r, const int R, int64_
     const int nt = stream && (R == 1 || (CN_MULTIROW_STREAM && (N * (int64_t)sizeof(xt)) % STREAM_ALIGN == 0));
     const int64_t head = nt ? stream_peel(dx[0], n) : 0;
 #define TERM(j, t, full, wv, dw_, db_) \
-    dx_rows_term(x[i], dy[i], dwp, dbp, j, t, full, wv, Mv[i], Rv[i], C1[i], C2[i], &dw_, &db_, i == 0, init, center, has_db)
+    with_dh(dx_rows_term(x[i], dy[i], dwp, dbp, j, t, full, wv, Mv[i], Rv[i], C1[i], C2[i], &dw_, &db_, i == 0, init, \
+                         center, has_db), dh[i], j, t, full)
 #define PF(j) { if ((j) < npf) { CN_UNROLL for (i = 0; i < R; i++) { cn_prefetch(x[i] + pfo + (j)); cn_prefetch(dy[i] + pfo + (j)); } } }
 #define STEP(j, t, full, s)                                                                  \
     {                                                                                        \

@@ -33,6 +33,7 @@
 #include "cn_rowmath.h"
 #include "cn_fwd.h"
 #include "cn_bwd.h"
+#include "cn_residual.h"
 
 #define CN_OPS_NAME_(level, kernel) cn_ops_##level##_##kernel
 #define CN_OPS_NAME(level, kernel) CN_OPS_NAME_(level, kernel)
@@ -40,5 +41,5 @@ const cn_ops CN_OPS_NAME(CN_LEVEL, CN_KERNEL) = {
     (int)sizeof(xt), (int)sizeof(pt), (int)sizeof(at), SMALL_MAX,
     fwd_rows, fwd_chunk, fwd_finish, fwd_apply,
     bwd_rows, bwd_chunk, bwd_apply,
-    acc_add,
+    acc_add, add_residual,
 };

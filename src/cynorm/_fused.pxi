@@ -1,0 +1,221 @@
+# Fused residual add + norm (included by _core.pyx after _drivers.pxi): the C
+# entry points add_forward/add_backward (include/cynorm.h) and their drivers.
+# Forward: each thread adds a few rows of h (policy.fused_rows: they stay in
+# cache), then normalizes them with the plain row kernels -- so y, mean and
+# rstd are the plain forward's on h, bit for bit. Backward: the plain
+# backward with dh added to dx in the kernels' store (cn_bwd_args.dh).
+
+cdef struct cn_fused_fwd:
+    const cn_ops *ops_x     # x's kernel: the residual add
+    const void *x
+    const void *residual
+    void *h
+    int r_wide, h_wide      # residual / h are float32 while x is 16-bit
+    int narrow              # y is x's 16-bit dtype while h is float32: 1 bf16, 2 f16 (0: y is h's dtype)
+
+
+cdef inline int _dtype_size(int t) noexcept nogil:
+    return 4 if t == CYNORM_F32 else (8 if t == CYNORM_F64 else 2)
+
+
+cdef inline int _half_of(int param_dtype) noexcept nogil:
+    """16-bit params are widened to float32: 1 bf16, 2 f16, 0 none."""
+    return 1 if param_dtype == CYNORM_BF16 else (2 if param_dtype == CYNORM_F16 else 0)
+
+
+cdef bint _add_desc_ok(const cynorm_add_desc *d, bint backward) noexcept nogil:
+    """The dtypes of a fused call: h is x's dtype or, for 16-bit x, float32; the
+    residual (forward) and dsum (backward) are x's or h's dtype; params as for
+    the plain norms (for float32 h, also none, float32 or x's 16-bit dtype)."""
+    cdef int x = d.base.x_dtype, h = d.h_dtype, p = d.base.param_dtype
+    cdef bint x16 = x == CYNORM_BF16 or x == CYNORM_F16
+    if not _desc_ok(&d.base) or not (x == CYNORM_F32 or x == CYNORM_F64 or x16):
+        return False
+    if not (h == x or (x16 and h == CYNORM_F32)):
+        return False
+    if h == x:
+        if _pair_of(&d.base) < 0:
+            return False
+    elif not (p == CYNORM_NO_PARAMS or p == CYNORM_F32 or p == x):
+        return False
+    if backward:
+        return d.dsum_dtype == x or d.dsum_dtype == h
+    return ((d.residual_dtype == x or d.residual_dtype == h)
+            and d.base.eps >= 0.0 and d.base.eps <= 1.7976931348623157e308)
+
+
+cdef inline int _call_threads(const cynorm_desc *d, int64_t elems) noexcept nogil:
+    """Threads for the whole-array conversions around a fused call."""
+    cdef int T = d.num_threads if d.num_threads > 0 else omp_get_max_threads()
+    return <int>_min(T, _min(64, elems // 32768 + 1))
+
+
+cdef void _convert_share(int kind, const void *src, void *dst, int64_t n, int64_t t, int64_t T) noexcept nogil:
+    """Share t of T of an n-element conversion. kind > 0: float32 -> 16-bit (1 bf16,
+    2 f16, rounded once); kind < 0: 16-bit -> float32 (-1 bf16, -2 f16, exact)."""
+    cdef int64_t s0 = n * t // T, s1 = n * (t + 1) // T
+    if kind > 0:
+        _narrow(kind, <const float *>src + s0, <uint16_t *>dst + s0, s1 - s0)
+    else:
+        _widen(-kind, <const uint16_t *>src + s0, <float *>dst + s0, s1 - s0)
+
+
+cdef void _convert_all(int kind, const void *src, void *dst, int64_t n, int T) noexcept nogil:
+    cdef int64_t t
+    if T <= 1:
+        _convert_share(kind, src, dst, n, 0, 1)
+        return
+    for t in prange(T, schedule='static', num_threads=T):
+        _convert_share(kind, src, dst, n, t, T)
+
+
+# ---------------------------------------------------------------- forward --
+
+cdef void _fused_rows(const cn_ops *ops, const cn_fwd_args *a, const cn_fused_fwd *f, const cn_policy *pol,
+                      int64_t r0, int64_t r1, float *ybuf) noexcept nogil:
+    """Rows [r0, r1): a few rows of h at a time, then those rows normalized
+    from cache (into ybuf and rounded to y's dtype when f.narrow)."""
+    cdef cn_fwd_args rows = a[0]
+    cdef int64_t N = a.N, step = pol.fused_rows, r = r0, n
+    cdef int64_t xs = f.ops_x.x_size, hs = ops.x_size, rs = 4 if f.r_wide else xs, acc = ops.acc_size
+    rows.pol = pol
+    while r < r1:
+        n = _min(step, r1 - r)
+        f.ops_x.add_residual(<const char *>f.x + r * N * xs, <const char *>f.residual + r * N * rs, f.r_wide,
+                             <char *>f.h + r * N * hs, f.h_wide, n * N)
+        rows.x = <const char *>f.h + r * N * hs
+        rows.y = <void *>ybuf if f.narrow else <void *>(<char *>a.y + r * N * hs)
+        rows.mean = NULL if a.mean == NULL else <void *>(<char *>a.mean + r * acc)
+        rows.rstd = <char *>a.rstd + r * acc
+        rows.M = n
+        ops.fwd_rows(&rows, 0, n)
+        if f.narrow:
+            _narrow(f.narrow, ybuf, <char *>a.y + r * N * 2, n * N)
+        r += n
+
+
+cdef void _add_share(const cn_fused_fwd *f, int64_t hs, int64_t n, int64_t t, int64_t T) noexcept nogil:
+    cdef int64_t s0 = n * t // T, s1 = n * (t + 1) // T
+    cdef int64_t xs = f.ops_x.x_size, rs = 4 if f.r_wide else xs
+    f.ops_x.add_residual(<const char *>f.x + s0 * xs, <const char *>f.residual + s0 * rs, f.r_wide,
+                         <char *>f.h + s0 * hs, f.h_wide, s1 - s0)
+
+
+cdef int _forward_fused(const cn_ops *ops, const cn_fwd_args *a, const cn_fused_fwd *f) noexcept nogil:
+    """The fused forward; ops is h's kernel, a.x is h."""
+    cdef cn_policy pol = a.pol[0]
+    cdef int T = pol.threads
+    cdef int64_t M = a.M, N = a.N, t
+    cdef cn_fwd_args whole = a[0]
+    cdef float *ybuf = NULL
+    if f.narrow:   # y goes through a float32 buffer that is read right back: plain stores into it
+        pol.stream = 0
+        pol.populate = CN_POPULATE_NONE
+    if pol.path == CN_PATH_TEAM:
+        # long rows split across threads: all of h first, then the plain forward on it
+        for t in prange(T, schedule='static', num_threads=T):
+            _add_share(f, ops.x_size, M * N, t, T)
+        whole.pol = &pol
+        if f.narrow:
+            ybuf = <float *>malloc(M * N * sizeof(float))
+            if ybuf == NULL:
+                return -1
+            whole.y = ybuf
+        if _forward(ops, &whole) != 0:
+            free(ybuf)
+            return -1
+        if f.narrow:
+            _convert_all(f.narrow, ybuf, a.y, M * N, T)
+        free(ybuf)
+        return 0
+    if f.narrow:
+        ybuf = <float *>malloc(T * pol.fused_rows * N * sizeof(float))
+        if ybuf == NULL:
+            return -1
+    if T <= 1:
+        _fused_rows(ops, a, f, &pol, 0, M, ybuf)
+    else:
+        for t in prange(T, schedule='static', num_threads=T):
+            _fused_rows(ops, a, f, &pol, (M * t) // T, (M * (t + 1)) // T,
+                        ybuf + t * pol.fused_rows * N if ybuf != NULL else NULL)
+    free(ybuf)
+    return 0
+
+
+cdef int _c_add_forward(const cynorm_add_desc *d, const cynorm_add_fwd_bufs *b) noexcept nogil:
+    if not _add_desc_ok(d, False) or b.x == NULL or b.residual == NULL or b.y == NULL or b.h == NULL:
+        return CYNORM_EINVAL
+    cdef int x = d.base.x_dtype, h = d.h_dtype
+    cdef cynorm_desc inner = d.base
+    cdef cn_fused_fwd f
+    cdef cynorm_fwd_bufs fb
+    inner.x_dtype = h
+    f.ops_x = LEVEL.kernels[x]
+    f.x = b.x
+    f.residual = b.residual
+    f.h = b.h
+    f.r_wide = d.residual_dtype != x
+    f.h_wide = h != x
+    f.narrow = 0 if h == x else _half_of(x)
+    fb.x = b.h
+    fb.y = b.y
+    fb.weight = b.weight
+    fb.bias = b.bias
+    fb.mean = b.mean
+    fb.rstd = b.rstd
+    return _forward_impl(&inner, &fb, LEVEL.kernels[h], _half_of(d.base.param_dtype), &f)
+
+
+# --------------------------------------------------------------- backward --
+
+cdef int _c_add_backward(const cynorm_add_desc *d, const cynorm_add_bwd_bufs *b) noexcept nogil:
+    if not _add_desc_ok(d, True):
+        return CYNORM_EINVAL
+    cdef bint center = d.base.norm == CYNORM_LAYER_NORM
+    cdef bint blocks = b.dweight_blocks != NULL
+    cdef void *out_w = b.dweight_blocks if blocks else b.dweight
+    cdef void *out_b = b.dbias_blocks if blocks else b.dbias
+    if (b.dy == NULL or b.h == NULL or b.rstd == NULL or b.dsum == NULL or (center and b.mean == NULL)
+            or d.base.block_rows < 0 or (out_w != NULL and b.weight == NULL)
+            or (out_b != NULL and (out_w == NULL or not center))
+            or (blocks and (b.dweight != NULL or b.dbias != NULL)) or (b.dbias_blocks != NULL and not blocks)):
+        return CYNORM_EINVAL
+    cdef int x = d.base.x_dtype, h = d.h_dtype
+    cdef int64_t n = d.base.rows * d.base.cols
+    cdef int T = _call_threads(&d.base, n)
+    cdef cynorm_desc inner = d.base
+    cdef cynorm_bwd_bufs bb
+    cdef float *dy32 = NULL
+    cdef float *dsum32 = NULL
+    cdef int rc
+    inner.x_dtype = h
+    bb.dy = b.dy
+    bb.x = b.h
+    bb.mean = b.mean
+    bb.rstd = b.rstd
+    bb.weight = b.weight
+    bb.dx = b.dsum
+    bb.dweight = b.dweight
+    bb.dbias = b.dbias
+    bb.dweight_blocks = b.dweight_blocks
+    bb.dbias_blocks = b.dbias_blocks
+    if h != x and n > 0:
+        # float32 h under 16-bit dy: h's kernel takes dy widened (exact); a 16-bit
+        # dsum is its float32 dx + dh, rounded once afterwards
+        dy32 = <float *>malloc(n * sizeof(float))
+        if dy32 == NULL:
+            return CYNORM_ENOMEM
+        _convert_all(-_half_of(x), b.dy, dy32, n, T)
+        bb.dy = dy32
+        if d.dsum_dtype != h:
+            dsum32 = <float *>malloc(n * sizeof(float))
+            if dsum32 == NULL:
+                free(dy32)
+                return CYNORM_ENOMEM
+            bb.dx = dsum32
+    rc = _backward_impl(&inner, &bb, LEVEL.kernels[h], _half_of(d.base.param_dtype), b.dh)
+    if rc == CYNORM_OK and dsum32 != NULL:
+        _convert_all(_half_of(x), dsum32, b.dsum, n, T)
+    free(dy32)
+    free(dsum32)
+    return rc
