@@ -200,7 +200,7 @@ def _print(rows, meta):
         print(f"{title}:\n")
         print("| shape | mode | fused | unfused | floor | torch |" + (" ORT |" if ort else "")
               + " floor eff | vs unfused | vs torch |" + (" vs ORT |" if ort else ""))
-        print("|---|---|" + "---:|" * (8 + 2 * ort))
+        print("|---|---|" + "---:|" * (7 + 2 * ort))
         for r in rows:
             cells = [r[f"{d}_fused_ms"], r[f"{d}_unfused_ms"], r[f"{d}_floor_ms"], r[f"{d}_torch_ms"]]
             cells += [r[f"{d}_ort_ms"]] if ort else []

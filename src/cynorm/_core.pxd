@@ -27,6 +27,8 @@ cdef extern from "cn_scratch.h" nogil:
     void *cn_scratch_get(int slot, size_t nbytes)
     void cn_scratch_put(int slot, void *p)
     void cn_populate_share(void *dst, size_t nbytes, int64_t t, int64_t T)
+    void cn_populate_write(void *dst, size_t nbytes)
+    void cn_copy_stream(void *dst, const void *src, size_t nbytes)
     size_t cn_share_edge(size_t lo, size_t hi, int64_t t, int64_t T)
 
 
@@ -254,6 +256,7 @@ cdef extern from "cynorm.h" nogil:
         CYNORM_LAYER_NORM
         CYNORM_RMS_NORM
         CYNORM_FRESH_OUTPUT
+        CYNORM_FRESH_H
         CYNORM_OK
         CYNORM_ENOMEM
         CYNORM_EINVAL

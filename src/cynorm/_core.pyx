@@ -195,9 +195,11 @@ def backward(int pair, bint center, cnp.ndarray dy, cnp.ndarray x, object mean, 
 
 def add_forward(int x_dtype, int param_dtype, int residual_dtype, int h_dtype, bint center, cnp.ndarray x,
                 cnp.ndarray residual, cnp.ndarray y, cnp.ndarray h, object weight, object bias, object mean,
-                object rstd, int64_t M, int64_t N, double eps, int num_threads, bint fresh=False):
+                object rstd, int64_t M, int64_t N, double eps, int num_threads, bint fresh=False,
+                bint fresh_h=False):
     """The fused residual add + norm forward (cynorm.h's add_forward) on checked
-    C-contiguous ndarrays; dtypes as cynorm.h numbers them."""
+    C-contiguous ndarrays; dtypes as cynorm.h numbers them. fresh, fresh_h: y, h
+    were just allocated."""
     cdef cynorm_add_desc d
     cdef cynorm_add_fwd_bufs b
     weight = _contig(weight)
@@ -208,6 +210,8 @@ def add_forward(int x_dtype, int param_dtype, int residual_dtype, int h_dtype, b
     d.residual_dtype = residual_dtype
     d.h_dtype = h_dtype
     d.dsum_dtype = h_dtype
+    if fresh_h:
+        d.base.flags |= CYNORM_FRESH_H
     b.x = cnp.PyArray_DATA(x)
     b.residual = cnp.PyArray_DATA(residual)
     b.weight = _data(weight)

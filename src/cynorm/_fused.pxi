@@ -12,6 +12,8 @@ cdef struct cn_fused_fwd:
     void *h
     int r_wide, h_wide      # residual / h are float32 while x is 16-bit
     int narrow              # y is x's 16-bit dtype while h is float32: 1 bf16, 2 f16 (0: y is h's dtype)
+    bint fresh_y, fresh_h   # just allocated: faulted in here, a slab ahead of the rows
+    bint stream_h           # h goes to memory as y does, with non-temporal stores (from a buffer)
 
 
 cdef inline int _dtype_size(int t) noexcept nogil:
@@ -72,18 +74,28 @@ cdef void _convert_all(int kind, const void *src, void *dst, int64_t n, int T) n
 # ---------------------------------------------------------------- forward --
 
 cdef void _fused_rows(const cn_ops *ops, const cn_fwd_args *a, const cn_fused_fwd *f, const cn_policy *pol,
-                      int64_t r0, int64_t r1, float *ybuf) noexcept nogil:
+                      int64_t r0, int64_t r1, float *ybuf, char *hbuf) noexcept nogil:
     """Rows [r0, r1): a few rows of h at a time, then those rows normalized
-    from cache (into ybuf and rounded to y's dtype when f.narrow)."""
+    from cache (into ybuf and rounded to y's dtype when f.narrow). With
+    f.stream_h the rows of h are added into hbuf and streamed to h from there:
+    stored plainly, each line of h would first be read from memory."""
     cdef cn_fwd_args rows = a[0]
-    cdef int64_t N = a.N, step = pol.fused_rows, r = r0, n
+    cdef int64_t N = a.N, step = pol.fused_rows, r = r0, n, done = r0, e
     cdef int64_t xs = f.ops_x.x_size, hs = ops.x_size, rs = 4 if f.r_wide else xs, acc = ops.acc_size
+    cdef int64_t slab = step if step > pol.slab_rows else pol.slab_rows
     rows.pol = pol
     while r < r1:
         n = _min(step, r1 - r)
+        if (f.fresh_y or f.fresh_h) and r + n > done:   # fresh outputs: a slab's pages in at once
+            e = _min(r1, done + slab)
+            if f.fresh_y:
+                cn_populate_write(<char *>a.y + done * N * xs, (e - done) * N * xs)
+            if f.fresh_h:
+                cn_populate_write(<char *>f.h + done * N * hs, (e - done) * N * hs)
+            done = e
+        rows.x = <const char *>hbuf if f.stream_h else <const char *>f.h + r * N * hs
         f.ops_x.add_residual(<const char *>f.x + r * N * xs, <const char *>f.residual + r * N * rs, f.r_wide,
-                             <char *>f.h + r * N * hs, f.h_wide, n * N)
-        rows.x = <const char *>f.h + r * N * hs
+                             <void *>rows.x, f.h_wide, n * N)
         rows.y = <void *>ybuf if f.narrow else <void *>(<char *>a.y + r * N * hs)
         rows.mean = NULL if a.mean == NULL else <void *>(<char *>a.mean + r * acc)
         rows.rstd = <char *>a.rstd + r * acc
@@ -91,7 +103,11 @@ cdef void _fused_rows(const cn_ops *ops, const cn_fwd_args *a, const cn_fused_fw
         ops.fwd_rows(&rows, 0, n)
         if f.narrow:
             _narrow(f.narrow, ybuf, <char *>a.y + r * N * 2, n * N)
+        if f.stream_h:
+            cn_copy_stream(<char *>f.h + r * N * hs, hbuf, n * N * hs)
         r += n
+    if f.stream_h:
+        cn_stream_fence()
 
 
 cdef void _add_share(const cn_fused_fwd *f, int64_t hs, int64_t n, int64_t t, int64_t T) noexcept nogil:
@@ -108,8 +124,15 @@ cdef int _forward_fused(const cn_ops *ops, const cn_fwd_args *a, const cn_fused_
     cdef int64_t M = a.M, N = a.N, t
     cdef cn_fwd_args whole = a[0]
     cdef float *ybuf = NULL
+    cdef char *hbuf = NULL
+    cdef cn_fused_fwd rows_f = f[0]
     if f.narrow:   # y goes through a float32 buffer that is read right back: plain stores into it
         pol.stream = 0
+    if pol.path != CN_PATH_TEAM:   # the rows' pages are faulted in by _fused_rows, slab by slab
+        rows_f.fresh_y = pol.populate != CN_POPULATE_NONE
+        rows_f.stream_h = pol.stream != 0
+        pol.populate = CN_POPULATE_NONE
+    elif f.narrow:
         pol.populate = CN_POPULATE_NONE
     if pol.path == CN_PATH_TEAM:
         # long rows split across threads: all of h first, then the plain forward on it
@@ -128,17 +151,25 @@ cdef int _forward_fused(const cn_ops *ops, const cn_fwd_args *a, const cn_fused_
             _convert_all(f.narrow, ybuf, a.y, M * N, T)
         free(ybuf)
         return 0
+    cdef int64_t chunk = pol.fused_rows * N
     if f.narrow:
-        ybuf = <float *>malloc(T * pol.fused_rows * N * sizeof(float))
+        ybuf = <float *>malloc(T * chunk * sizeof(float))
         if ybuf == NULL:
             return -1
+    if rows_f.stream_h:
+        hbuf = <char *>malloc(T * chunk * ops.x_size + 64)
+        if hbuf == NULL:
+            free(ybuf)
+            return -1
     if T <= 1:
-        _fused_rows(ops, a, f, &pol, 0, M, ybuf)
+        _fused_rows(ops, a, &rows_f, &pol, 0, M, ybuf, hbuf)
     else:
         for t in prange(T, schedule='static', num_threads=T):
-            _fused_rows(ops, a, f, &pol, (M * t) // T, (M * (t + 1)) // T,
-                        ybuf + t * pol.fused_rows * N if ybuf != NULL else NULL)
+            _fused_rows(ops, a, &rows_f, &pol, (M * t) // T, (M * (t + 1)) // T,
+                        ybuf + t * chunk if ybuf != NULL else NULL,
+                        hbuf + t * chunk * ops.x_size if hbuf != NULL else NULL)
     free(ybuf)
+    free(hbuf)
     return 0
 
 
@@ -157,6 +188,9 @@ cdef int _c_add_forward(const cynorm_add_desc *d, const cynorm_add_fwd_bufs *b) 
     f.r_wide = d.residual_dtype != x
     f.h_wide = h != x
     f.narrow = 0 if h == x else _half_of(x)
+    f.fresh_y = False   # (decided by the policy: _forward_fused)
+    f.fresh_h = (d.base.flags & CYNORM_FRESH_H) != 0
+    f.stream_h = False  # (as y: _forward_fused)
     fb.x = b.h
     fb.y = b.y
     fb.weight = b.weight

@@ -73,17 +73,17 @@ def _add_forward(x, residual, weight, bias, axis, eps, residual_dtype, num_threa
         residual = np.ascontiguousarray(residual)
     stat = _stat_dtype(h_dtype)
     new_y, new_stat = _makers(M * N, pair.x, M, stat)
-    fresh = False
+    fresh = fresh_h = False
     if y is None:
         y, fresh = _new(new_y, x.shape, pair.x)
     if h is None:
-        h = _makers(M * N, h_dtype, 0, stat)[0](x.shape, h_dtype)
+        h, fresh_h = _new(_makers(M * N, h_dtype, 0, stat)[0], x.shape, h_dtype)
     mean = new_stat(stat_shape, stat) if center else None
     rstd = new_stat(stat_shape, stat)
     if M:
         _isa.kernels.add_forward(_CODE[pair.x], _param_code(pair, weight, bias), _CODE[residual.dtype],
                                  _CODE[h_dtype], center, x, residual, y, h, weight, bias, mean, rstd,
-                                 M, N, eps, T, fresh)
+                                 M, N, eps, T, fresh, fresh_h)
     return y, h, mean, rstd
 
 

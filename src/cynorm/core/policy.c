@@ -12,6 +12,10 @@
 /* An L3 this large is a mesh shared by many cores, which one core reads
  * slowly, unlike the 32 MB L3 of an AMD CCD. */
 #define CN_MESH_L3_BYTES ((int64_t)64 << 20)
+/* The fused forward adds this many bytes of h, then normalizes them while in
+ * cache. Not a tunable: 16 KiB to 1 MiB ran alike on the Xeons we measured
+ * (benchmarks/results/intel_spr/fused/fused_chunk_*.md). */
+#define CN_FUSED_CHUNK_BYTES ((int64_t)64 << 10)
 /* rows of short blocks taken together (kernels/cn_rowmath.h: SMALL_BLOCK) */
 #define CN_SMALL_BLOCK 16
 
@@ -22,7 +26,7 @@
     .bwd_group_bytes = 256 << 10, .bwd_far_bytes = -1,                                 \
     .prefetch_max = 8192, .prefetch_into_l2 = -1, .populate_bytes = 1 << 20,          \
     .part_cache_bytes = 256 << 10, .parts_in_a_bytes = -1, .bwd_a_by_chunk = -1,      \
-    .prefetch_pieces = 1, .fused_chunk_bytes = 64 << 10,                               \
+    .prefetch_pieces = 1,                                                              \
 }
 
 cn_tunables cn_tune = CN_TUNABLES_DEFAULT;
@@ -207,7 +211,7 @@ cn_policy cn_policy_for(const cn_machine *m, const cn_call *c)
     p.group_rows = 1;
     p.pass1_rows = 1;
     p.slab_rows = 1;
-    p.fused_rows = max64(t->fused_chunk_bytes / max64(c->N * c->x_size, 1), 1);
+    p.fused_rows = max64(CN_FUSED_CHUNK_BYTES / max64(c->N * c->x_size, 1), 1);
     if (c->backward) backward_policy(t, m, c, T, &p);
     else forward_policy(t, c, T, &p);
     return p;
@@ -220,7 +224,6 @@ static const struct { const char *name; size_t offset; } cn_tunable_fields[] = {
     CN_FIELD(fresh_plain_row_bytes), CN_FIELD(bwd_plain_min_bytes), CN_FIELD(long_row_bytes),
     CN_FIELD(long_group_bytes), CN_FIELD(medium_block_bytes), CN_FIELD(bwd_group_bytes), CN_FIELD(bwd_far_bytes), CN_FIELD(prefetch_max), CN_FIELD(prefetch_into_l2), CN_FIELD(populate_bytes),
     CN_FIELD(part_cache_bytes), CN_FIELD(parts_in_a_bytes), CN_FIELD(bwd_a_by_chunk), CN_FIELD(prefetch_pieces),
-    CN_FIELD(fused_chunk_bytes),
 };
 #undef CN_FIELD
 

@@ -307,7 +307,8 @@ static cn_xla_error *cn_xla_add_forward(cn_xla_call_frame *f)
     for (int k = 0; k < l.levels; k++)
         merge &= x.step[k] != 0 && r.step[k] != 0 && (!wb || w.step[k] == 0) && (!bb || b.step[k] == 0);
     if (merge) { d.base.rows = l.rows * l.groups; groups = 1; }
-    d.base.flags = fresh_output(y.data, d.base.rows * l.cols, xb->dtype);
+    d.base.flags = fresh_output(y.data, d.base.rows * l.cols, xb->dtype) |
+                   (fresh_output(h.data, d.base.rows * l.cols, hb->dtype) ? CYNORM_FRESH_H : 0u);
     for (int64_t g = 0; g < groups; g++, next_index(index, &l)) {
         cynorm_add_fwd_bufs bufs = {at(&x, l.levels, index), at(&r, l.levels, index),
                                     wb ? at(&w, l.levels, index) : NULL, bb ? at(&b, l.levels, index) : NULL,

@@ -80,4 +80,33 @@ static inline void cn_populate_share(void *dst, size_t bytes, int64_t t, int64_t
 }
 
 
+/* dst[0:bytes] = src[0:bytes] with non-temporal stores: the lines go to
+ * memory without being read first (a plain store reads each line before
+ * overwriting it). The caller fences (sfence) before dst is read elsewhere. */
+#include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+static inline void cn_copy_stream(void *dst, const void *src, size_t bytes)
+{
+    char *d = (char *)dst;
+    const char *s = (const char *)src;
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+    if (head > bytes) head = bytes;
+    memcpy(d, s, head);
+    d += head, s += head, bytes -= head;
+    for (; bytes >= 64; bytes -= 64, d += 64, s += 64) {
+        const __m128i a = _mm_loadu_si128((const __m128i *)s), b = _mm_loadu_si128((const __m128i *)(s + 16));
+        const __m128i c = _mm_loadu_si128((const __m128i *)(s + 32)), e = _mm_loadu_si128((const __m128i *)(s + 48));
+        _mm_stream_si128((__m128i *)d, a);
+        _mm_stream_si128((__m128i *)(d + 16), b);
+        _mm_stream_si128((__m128i *)(d + 32), c);
+        _mm_stream_si128((__m128i *)(d + 48), e);
+    }
+    for (; bytes >= 16; bytes -= 16, d += 16, s += 16) _mm_stream_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
+    memcpy(d, s, bytes);
+}
+#else
+static inline void cn_copy_stream(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+#endif
+
 #endif

@@ -34,7 +34,6 @@ typedef struct {
     int64_t parts_in_a_bytes;       /* -1: caches. One thread adds partials in phase A up to this */
     int64_t bwd_a_by_chunk;         /* -1: caches. Phase A by column chunk: 0 never, 1 threads, 2 always */
     int64_t prefetch_pieces;        /* phase A by chunk, 16-bit rows: prefetch the next pair's piece */
-    int64_t fused_chunk_bytes;      /* fused residual add: rows of h added, then normalized from cache */
 } cn_tunables;
 
 /* The machine as the policy sees it (read once, at import), with the

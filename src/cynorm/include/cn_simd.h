@@ -341,6 +341,7 @@ CN_INLINE void cn_vf_stream_f32(float *p, cn_vf v) { _mm256_stream_ps(p, v.lo); 
 static const int16_t cn_lane16_index[8] = {0, 1, 2, 3, 4, 5, 6, 7};
 CN_INLINE __m128i cn_load8n(const uint16_t *p, int64_t n)   /* 0 <= n <= 8; lanes from n on: zero */
 {
+    if (n == 8) return _mm_loadu_si128((const __m128i *)p);   /* a row of 8k + 8 elements */
     __m128i v = _mm_maskload_epi32((const int *)p, _mm256_castsi256_si128(cn_mask32(n / 2)));
     if (n & 1) {
         const __m128i last = _mm_cmpeq_epi16(_mm_set1_epi16((short)(n - 1)),
@@ -351,6 +352,7 @@ CN_INLINE __m128i cn_load8n(const uint16_t *p, int64_t n)   /* 0 <= n <= 8; lane
 }
 CN_INLINE void cn_store8n(uint16_t *p, __m128i v, int64_t n)   /* 0 <= n <= 8 */
 {
+    if (n == 8) { _mm_storeu_si128((__m128i *)p, v); return; }
     _mm_maskstore_epi32((int *)p, _mm256_castsi256_si128(cn_mask32(n / 2)), v);
     if (n & 1) {
         uint16_t buf[8];

@@ -30,7 +30,8 @@ extern "C" {
 
 enum cynorm_dtype { CYNORM_F32 = 0, CYNORM_F64 = 1, CYNORM_BF16 = 2, CYNORM_F16 = 3, CYNORM_NO_PARAMS = -1 };
 enum cynorm_norm { CYNORM_LAYER_NORM = 0, CYNORM_RMS_NORM = 1 };
-enum cynorm_flags { CYNORM_FRESH_OUTPUT = 1 };   /* y / dx was just allocated: its pages are not in yet */
+enum cynorm_flags { CYNORM_FRESH_OUTPUT = 1,    /* y / dx (dsum) was just allocated: its pages are not in yet */
+                   CYNORM_FRESH_H = 2 };        /* add_forward: h was just allocated */
 enum cynorm_status { CYNORM_OK = 0, CYNORM_ENOMEM = 1, CYNORM_EINVAL = 2 };
 
 typedef struct {
