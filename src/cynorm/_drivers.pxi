@@ -324,8 +324,16 @@ cdef int _forward_impl(const cynorm_desc *d, const cynorm_fwd_bufs *b, const cn_
             if a.b != NULL:
                 _widen(half, a.b, wide + N, N)
                 a.b = wide + N
-    if rc == 0:
-        rc = _forward(ops, &a) if fused == NULL else _forward_fused(ops, &a, fused)
+    cdef cn_fused_fwd f
+    if rc == 0 and fused != NULL:
+        # h is stored as the policy would store y with h's freshness and address
+        f = fused[0]
+        call.fresh = f.fresh_h
+        call.out_addr = <uintptr_t>f.h
+        f.stream_h = cn_policy_for(&MACHINE, &call).stream != 0
+        rc = _forward_fused(ops, &a, &f)
+    elif rc == 0:
+        rc = _forward(ops, &a)
     cn_scratch_put(0, wide)
     if b.rstd == NULL:
         cn_scratch_put(3, a.rstd)

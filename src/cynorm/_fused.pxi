@@ -13,7 +13,7 @@ cdef struct cn_fused_fwd:
     int r_wide, h_wide      # residual / h are float32 while x is 16-bit
     int narrow              # y is x's 16-bit dtype while h is float32: 1 bf16, 2 f16 (0: y is h's dtype)
     bint fresh_y, fresh_h   # just allocated: faulted in here, a slab ahead of the rows
-    bint stream_h           # h goes to memory as y does, with non-temporal stores (from a buffer)
+    bint stream_h           # h streamed to memory (from a buffer), where the policy would stream y
 
 
 cdef inline int _dtype_size(int t) noexcept nogil:
@@ -130,7 +130,6 @@ cdef int _forward_fused(const cn_ops *ops, const cn_fwd_args *a, const cn_fused_
         pol.stream = 0
     if pol.path != CN_PATH_TEAM:   # the rows' pages are faulted in by _fused_rows, slab by slab
         rows_f.fresh_y = pol.populate != CN_POPULATE_NONE
-        rows_f.stream_h = pol.stream != 0
         pol.populate = CN_POPULATE_NONE
     elif f.narrow:
         pol.populate = CN_POPULATE_NONE
@@ -190,7 +189,7 @@ cdef int _c_add_forward(const cynorm_add_desc *d, const cynorm_add_fwd_bufs *b) 
     f.narrow = 0 if h == x else _half_of(x)
     f.fresh_y = False   # (decided by the policy: _forward_fused)
     f.fresh_h = (d.base.flags & CYNORM_FRESH_H) != 0
-    f.stream_h = False  # (as y: _forward_fused)
+    f.stream_h = False  # (decided by the policy: _forward_impl)
     fb.x = b.h
     fb.y = b.y
     fb.weight = b.weight
