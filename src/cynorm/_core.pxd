@@ -27,7 +27,6 @@ cdef extern from "cn_scratch.h" nogil:
     void *cn_scratch_get(int slot, size_t nbytes)
     void cn_scratch_put(int slot, void *p)
     void cn_populate_share(void *dst, size_t nbytes, int64_t t, int64_t T)
-    void cn_populate_write(void *dst, size_t nbytes)
     void cn_copy_stream(void *dst, const void *src, size_t nbytes)
     size_t cn_share_edge(size_t lo, size_t hi, int64_t t, int64_t T)
 

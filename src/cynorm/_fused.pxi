@@ -12,7 +12,7 @@ cdef struct cn_fused_fwd:
     void *h
     int r_wide, h_wide      # residual / h are float32 while x is 16-bit
     int narrow              # y is x's 16-bit dtype while h is float32: 1 bf16, 2 f16 (0: y is h's dtype)
-    bint fresh_y, fresh_h   # just allocated: faulted in here, a slab ahead of the rows
+    bint fresh_h            # h was just allocated (its pages are not in yet)
     bint stream_h           # h streamed to memory (from a buffer), where the policy would stream y
 
 
@@ -80,19 +80,11 @@ cdef void _fused_rows(const cn_ops *ops, const cn_fwd_args *a, const cn_fused_fw
     f.stream_h the rows of h are added into hbuf and streamed to h from there:
     stored plainly, each line of h would first be read from memory."""
     cdef cn_fwd_args rows = a[0]
-    cdef int64_t N = a.N, step = pol.fused_rows, r = r0, n, done = r0, e
+    cdef int64_t N = a.N, step = pol.fused_rows, r = r0, n
     cdef int64_t xs = f.ops_x.x_size, hs = ops.x_size, rs = 4 if f.r_wide else xs, acc = ops.acc_size
-    cdef int64_t slab = step if step > pol.slab_rows else pol.slab_rows
     rows.pol = pol
     while r < r1:
         n = _min(step, r1 - r)
-        if (f.fresh_y or f.fresh_h) and r + n > done:   # fresh outputs: a slab's pages in at once
-            e = _min(r1, done + slab)
-            if f.fresh_y:
-                cn_populate_write(<char *>a.y + done * N * xs, (e - done) * N * xs)
-            if f.fresh_h:
-                cn_populate_write(<char *>f.h + done * N * hs, (e - done) * N * hs)
-            done = e
         rows.x = <const char *>hbuf if f.stream_h else <const char *>f.h + r * N * hs
         f.ops_x.add_residual(<const char *>f.x + r * N * xs, <const char *>f.residual + r * N * rs, f.r_wide,
                              <void *>rows.x, f.h_wide, n * N)
@@ -128,10 +120,9 @@ cdef int _forward_fused(const cn_ops *ops, const cn_fwd_args *a, const cn_fused_
     cdef cn_fused_fwd rows_f = f[0]
     if f.narrow:   # y goes through a float32 buffer that is read right back: plain stores into it
         pol.stream = 0
-    if pol.path != CN_PATH_TEAM:   # the rows' pages are faulted in by _fused_rows, slab by slab
-        rows_f.fresh_y = pol.populate != CN_POPULATE_NONE
-        pol.populate = CN_POPULATE_NONE
-    elif f.narrow:
+    if pol.path != CN_PATH_TEAM or f.narrow:
+        # fresh pages fault in as the rows are written: faulting y and h in ahead,
+        # slab by slab or chunk by chunk, measured no faster (benchmarks/README.md)
         pol.populate = CN_POPULATE_NONE
     if pol.path == CN_PATH_TEAM:
         # long rows split across threads: all of h first, then the plain forward on it
@@ -187,7 +178,6 @@ cdef int _c_add_forward(const cynorm_add_desc *d, const cynorm_add_fwd_bufs *b) 
     f.r_wide = d.residual_dtype != x
     f.h_wide = h != x
     f.narrow = 0 if h == x else _half_of(x)
-    f.fresh_y = False   # (decided by the policy: _forward_fused)
     f.fresh_h = (d.base.flags & CYNORM_FRESH_H) != 0
     f.stream_h = False  # (decided by the policy: _forward_impl)
     fb.x = b.h
