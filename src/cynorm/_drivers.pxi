@@ -343,18 +343,22 @@ cdef int _forward_impl(const cynorm_desc *d, const cynorm_fwd_bufs *b, const cn_
 
 cdef int _c_backward(const cynorm_desc *d, const cynorm_bwd_bufs *b) noexcept nogil:
     cdef int pair = _pair_of(d)
-    if pair < 0 or not _desc_ok(d):
+    if pair < 0 or not _desc_ok(d) or not _bwd_bufs_ok(d, b):
         return CYNORM_EINVAL
+    return _backward_impl(d, b, cn_get_ops(pair), cn_half_params[pair], NULL)
+
+
+cdef bint _bwd_bufs_ok(const cynorm_desc *d, const cynorm_bwd_bufs *b) noexcept nogil:
+    """The backward's buffers: the required ones given, dweight only with a weight,
+    dbias (LayerNorm) only with dweight, totals or blocks but not both."""
     cdef bint center = d.norm == CYNORM_LAYER_NORM
     cdef bint blocks = b.dweight_blocks != NULL
     cdef void *out_w = b.dweight_blocks if blocks else b.dweight
     cdef void *out_b = b.dbias_blocks if blocks else b.dbias
-    if (b.dy == NULL or b.x == NULL or b.rstd == NULL or b.dx == NULL or (center and b.mean == NULL)
-            or d.block_rows < 0 or (out_w != NULL and b.weight == NULL)
-            or (out_b != NULL and (out_w == NULL or not center))
-            or (blocks and (b.dweight != NULL or b.dbias != NULL)) or (b.dbias_blocks != NULL and not blocks)):
-        return CYNORM_EINVAL
-    return _backward_impl(d, b, cn_get_ops(pair), cn_half_params[pair], NULL)
+    return not (b.dy == NULL or b.x == NULL or b.rstd == NULL or b.dx == NULL or (center and b.mean == NULL)
+                or d.block_rows < 0 or (out_w != NULL and b.weight == NULL)
+                or (out_b != NULL and (out_w == NULL or not center))
+                or (blocks and (b.dweight != NULL or b.dbias != NULL)) or (b.dbias_blocks != NULL and not blocks))
 
 
 cdef int _backward_impl(const cynorm_desc *d, const cynorm_bwd_bufs *b, const cn_ops *ops, int half,

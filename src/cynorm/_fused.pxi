@@ -46,10 +46,12 @@ cdef bint _add_desc_ok(const cynorm_add_desc *d, bint backward) noexcept nogil:
             and d.base.eps >= 0.0 and d.base.eps <= 1.7976931348623157e308)
 
 
-cdef inline int _call_threads(const cynorm_desc *d, int64_t elems) noexcept nogil:
-    """Threads for the whole-array conversions around a fused call."""
-    cdef int T = d.num_threads if d.num_threads > 0 else omp_get_max_threads()
-    return <int>_min(T, _min(64, elems // 32768 + 1))
+cdef int _call_threads(const cynorm_desc *d, const cn_ops *ops) noexcept nogil:
+    """Threads for the whole-array conversions around a fused call: the policy's
+    thread count for a call of this shape (cn_threads_for)."""
+    cdef cn_call call
+    _fill_call(&call, ops, d, 1, 1)
+    return cn_threads_for(&MACHINE.tuned, &call)
 
 
 cdef void _convert_share(int kind, const void *src, void *dst, int64_t n, int64_t t, int64_t T) noexcept nogil:
@@ -194,23 +196,13 @@ cdef int _c_add_forward(const cynorm_add_desc *d, const cynorm_add_fwd_bufs *b) 
 cdef int _c_add_backward(const cynorm_add_desc *d, const cynorm_add_bwd_bufs *b) noexcept nogil:
     if not _add_desc_ok(d, True):
         return CYNORM_EINVAL
-    cdef bint center = d.base.norm == CYNORM_LAYER_NORM
-    cdef bint blocks = b.dweight_blocks != NULL
-    cdef void *out_w = b.dweight_blocks if blocks else b.dweight
-    cdef void *out_b = b.dbias_blocks if blocks else b.dbias
-    if (b.dy == NULL or b.h == NULL or b.rstd == NULL or b.dsum == NULL or (center and b.mean == NULL)
-            or d.base.block_rows < 0 or (out_w != NULL and b.weight == NULL)
-            or (out_b != NULL and (out_w == NULL or not center))
-            or (blocks and (b.dweight != NULL or b.dbias != NULL)) or (b.dbias_blocks != NULL and not blocks)):
-        return CYNORM_EINVAL
     cdef int x = d.base.x_dtype, h = d.h_dtype
     cdef int64_t n = d.base.rows * d.base.cols
-    cdef int T = _call_threads(&d.base, n)
     cdef cynorm_desc inner = d.base
     cdef cynorm_bwd_bufs bb
     cdef float *dy32 = NULL
     cdef float *dsum32 = NULL
-    cdef int rc
+    cdef int rc, T
     inner.x_dtype = h
     bb.dy = b.dy
     bb.x = b.h
@@ -222,6 +214,9 @@ cdef int _c_add_backward(const cynorm_add_desc *d, const cynorm_add_bwd_bufs *b)
     bb.dbias = b.dbias
     bb.dweight_blocks = b.dweight_blocks
     bb.dbias_blocks = b.dbias_blocks
+    if not _bwd_bufs_ok(&d.base, &bb):
+        return CYNORM_EINVAL
+    T = _call_threads(&inner, LEVEL.kernels[h])
     if h != x and n > 0:
         # float32 h under 16-bit dy: h's kernel takes dy widened (exact); a 16-bit
         # dsum is its float32 dx + dh, rounded once afterwards

@@ -39,6 +39,19 @@ def _stream_dtype(x_dtype, residual_dtype):
                     f"{' or float32' if x_dtype in _WIDE_OK else ''}, got {_dtypes.dtype_name(dt)}")
 
 
+def _check_residual(x_shape, x_dtype, residual_shape, residual_dtype_of_array, residual_dtype):
+    """h's dtype for x and a residual of these shapes and dtypes (residual_dtype: the
+    argument); raises as the NumPy API does. Shared by cynorm.jax and cynorm.dask."""
+    if tuple(residual_shape) != tuple(x_shape):
+        raise ValueError(f"cynorm: residual must have the shape of x, {tuple(x_shape)}, got {tuple(residual_shape)}")
+    h_dtype = _stream_dtype(x_dtype, residual_dtype)
+    rd = np.dtype(residual_dtype_of_array)
+    if rd != x_dtype and rd != h_dtype:
+        raise TypeError(f"cynorm: residual must have x's dtype ({_dtypes.dtype_name(x_dtype)}) or "
+                        f"residual_dtype ({_dtypes.dtype_name(h_dtype)}), got {_dtypes.dtype_name(rd)}")
+    return h_dtype
+
+
 def _param_code(pair, weight, bias):
     return _NO_PARAMS if weight is None and bias is None else _CODE[pair.param]
 
@@ -50,14 +63,9 @@ def _stat_dtype(h_dtype):
 def _add_forward(x, residual, weight, bias, axis, eps, residual_dtype, num_threads, out, center):
     x = _input(x, "x")
     residual = _input(residual, "residual")
-    if residual.shape != x.shape:
-        raise ValueError(f"cynorm: residual must have the shape of x, {x.shape}, got {residual.shape}")
+    h_dtype = _check_residual(x.shape, x.dtype, residual.shape, residual.dtype, residual_dtype)
     ax, M, N, norm_shape, stat_shape = _layout(x, axis)
     pair, weight, bias = _params(x.dtype, norm_shape, weight, bias)
-    h_dtype = _stream_dtype(pair.x, residual_dtype)
-    if residual.dtype != pair.x and residual.dtype != h_dtype:
-        raise TypeError(f"cynorm: residual must have x's dtype ({_dtypes.dtype_name(pair.x)}) or "
-                        f"residual_dtype ({_dtypes.dtype_name(h_dtype)}), got {_dtypes.dtype_name(residual.dtype)}")
     eps = _eps(eps)
     T = resolve_num_threads(num_threads)
     y = h = None

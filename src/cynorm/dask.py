@@ -153,12 +153,7 @@ def _forward(x, weight, bias, axis, eps, num_threads, center, residual=None, res
     fused = residual is not None
     if fused:
         residual = _as_dask(residual, "residual")
-        if tuple(residual.shape) != tuple(x.shape):
-            raise ValueError(f"cynorm: residual must have the shape of x, {x.shape}, got {residual.shape}")
-        h_dtype = _fused._stream_dtype(pair.x, residual_dtype)
-        if residual.dtype != pair.x and residual.dtype != h_dtype:
-            raise TypeError(f"cynorm: residual must have x's dtype ({_dtypes.dtype_name(pair.x)}) or residual_dtype "
-                            f"({_dtypes.dtype_name(h_dtype)}), got {_dtypes.dtype_name(residual.dtype)}")
+        h_dtype = _fused._check_residual(x.shape, pair.x, residual.shape, residual.dtype, residual_dtype)
         residual = residual.rechunk(x.chunks)
     args = [x, ind, residual, ind if fused else None]
     for p in (weight, bias):
@@ -259,9 +254,11 @@ def _backward(dy, x, mean, rstd, weight, axis, num_threads, center, fused=False,
     rstd2 = _stats_2d(rstd, "rstd", x, ax, M, stat)
     if dh is not None:
         dh = _as_dask(dh, "dh")
-        if tuple(dh.shape) != tuple(x.shape) or dh.dtype != x.dtype:
-            raise TypeError(f"cynorm: dh must have h's shape and dtype, {x.shape} {_dtypes.dtype_name(x.dtype)}, "
-                            f"got {dh.shape} {_dtypes.dtype_name(dh.dtype)}")
+        if tuple(dh.shape) != tuple(x.shape):
+            raise ValueError(f"cynorm: dh must have the shape of h, {x.shape}, got {dh.shape}")
+        if dh.dtype != x.dtype:
+            raise TypeError(f"cynorm: dh must have h's dtype, {_dtypes.dtype_name(x.dtype)}, "
+                            f"got {_dtypes.dtype_name(dh.dtype)}")
     x_chunks = x.chunks
     x2 = _whole_norm_axes(x, ax, "x").reshape(M, N)
     dy2 = _whole_norm_axes(dy, ax, "dy").reshape(M, N)

@@ -163,18 +163,11 @@ def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, num_threads=None):
 # ------------------------------------------------- fused residual add + norm --
 
 def _stream(x, residual, residual_dtype):
-    """h's dtype (as cynorm._fused checks it), with residual's shape and dtype checked."""
-    from ._fused import _stream_dtype
+    """h's dtype, with residual's shape and dtype checked as cynorm._fused checks them."""
+    from ._fused import _check_residual
     xd = np.dtype(x.dtype)
     _dtypes.check_x_dtype(xd)
-    hd = _stream_dtype(xd, residual_dtype)
-    if tuple(residual.shape) != tuple(x.shape):
-        raise ValueError(f"cynorm: residual must have the shape of x, {tuple(x.shape)}, got {tuple(residual.shape)}")
-    rd = np.dtype(residual.dtype)
-    if rd != xd and rd != hd:
-        raise TypeError(f"cynorm: residual must have x's dtype ({_dtypes.dtype_name(xd)}) or residual_dtype "
-                        f"({_dtypes.dtype_name(hd)}), got {_dtypes.dtype_name(rd)}")
-    return hd
+    return _check_residual(x.shape, xd, residual.shape, residual.dtype, residual_dtype)
 
 
 def _add_forward(x, residual, weight, bias, axis, eps, center, h_dtype, num_threads):
