@@ -6,6 +6,7 @@
     python benchmarks/bench.py scaling --threads 1,2,4,8 [--quick] --json F --plot P.png
     python benchmarks/bench.py jax | dask       (cynorm from JAX and Dask: benchmarks/frameworks.py)
     python benchmarks/bench.py fused [--threads N]  (fused residual add + LayerNorm: benchmarks/fused.py)
+    python benchmarks/bench.py onednn [--threads N] [--onednn LIB[,LIB2]]  (against oneDNN: benchmarks/onednn.py)
 
 seed and roofline take --baseline-python PY: a second cynorm worker runs under
 that interpreter (another build, e.g. the commit before a change), alternating
@@ -93,6 +94,13 @@ def _worker_main(lib):
                           "config": {k: v for k, v in cynorm._config.config().items()
                                      if k in ("isa", "isa_available", "openmp", "max_threads", "cpu_model")}}),
               flush=True)
+    elif lib.startswith("onednn:"):   # benchmarks/onednn.py
+        sys.path.insert(0, HERE)
+        import onednn
+        hello = onednn.hello(lib)
+        print(json.dumps(hello), flush=True)
+        if "ready" not in hello:
+            return
     elif lib == "ort":
         try:
             import onnxruntime
@@ -208,6 +216,10 @@ def _run_request(lib, req):
         sys.path.insert(0, HERE)
         import fused
         return fused.run_request(lib, req)
+    if req.get("kind") == "onednn" or lib.startswith("onednn:"):   # benchmarks/onednn.py
+        sys.path.insert(0, HERE)
+        import onednn
+        return onednn.run_request(lib, req)
 
     import numpy as np
 
@@ -692,6 +704,21 @@ def main(argv=None):
         fp.add_argument("--quick", action="store_true", help="shorter timing budgets")
         fp.add_argument("--json", help="also write the results here")
         return fused.cmd_fused(fp.parse_args(argv[1:]))
+    if argv and argv[0] == "onednn":
+        sys.path.insert(0, HERE)
+        import onednn
+        op = argparse.ArgumentParser(prog="bench.py onednn", description=onednn.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+        op.add_argument("--threads", type=int, default=1)
+        op.add_argument("--onednn", help="comma list of libdnnl.so paths (default: the onednn-cpu-gomp wheel's)")
+        op.add_argument("--modes", type=lambda s: s.split(","), default=["fp32", "bf16", "mixed"])
+        op.add_argument("--shapes", type=lambda s: [tuple(int(v) for v in part.split("x")) for part in s.split(",")],
+                        help="comma list like 64x128x56x56,4096x4096 (2-d: over the last axis)")
+        op.add_argument("--axes", choices=["chw", "last", "both"], default="both",
+                        help="--shapes of 3 or more dims: normalized over C,H,W, the last axis, or both")
+        op.add_argument("--quick", action="store_true", help="shorter timing budgets, no 2-GB shape")
+        op.add_argument("--json", help="also write the results here")
+        return onednn.cmd_onednn(op.parse_args(argv[1:]))
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 

@@ -95,13 +95,14 @@ int cn_threads_for(const cn_tunables *t, const cn_call *c)
     return (int)min64(requested, cap);
 }
 
-/* Large outputs stream. 16-bit rows only where every row starts on a 16-byte
- * boundary: their partial vectors would need 2-byte pieces beside the stream. */
+/* Large outputs stream. Longer 16-bit rows only where every row starts on a
+ * 16-byte boundary: their partial vectors would need 2-byte pieces beside the
+ * stream. (Short rows stream whole blocks of rows from an L1 stage: any row.) */
 static int streams(const cn_tunables *t, const cn_call *c)
 {
     if (c->M * c->N * c->x_size < t->stream_min_bytes) return 0;
     if (c->out_addr % c->x_size) return 0;   /* an output off its elements' alignment: plain stores */
-    return c->x_size != 2 || (c->out_addr % 16 == 0 && c->N % 8 == 0);
+    return c->x_size != 2 || c->N <= c->small_max || (c->out_addr % 16 == 0 && c->N % 8 == 0);
 }
 
 /* Rows per group of long rows: as many as fit in long_group_bytes, at most 16;

@@ -51,6 +51,12 @@
 #endif
 
 #if defined(_MSC_VER) && !defined(__clang__)
+#  define CN_ALIGNED64 __declspec(align(64))
+#else
+#  define CN_ALIGNED64 __attribute__((aligned(64)))
+#endif
+
+#if defined(_MSC_VER) && !defined(__clang__)
 #  define CN_INLINE static __forceinline
 #  define CN_UNLIKELY(c) (c)
 #  define CN_UNROLL
@@ -552,7 +558,13 @@ CN_GEN_IO(cn_vd, CN_VD_LANES, f64, double, CN_SAME, CN_SAME)
 #define cn_vf_stream_bf16 cn_vf_store_bf16
 #define cn_vf_stream_f16 cn_vf_store_f16
 #define cn_vd_stream_f64 cn_vd_store_f64
+#if defined(__SSE2__)
+#include <emmintrin.h>
+/* (cn_copy_stream, cn_pages.h, streams wherever SSE2 is there: x86-64) */
+CN_INLINE void cn_stream_fence(void) { _mm_sfence(); }
+#else
 CN_INLINE void cn_stream_fence(void) {}
+#endif
 
 #endif /* ISA */
 

@@ -141,12 +141,12 @@ static void bwd_apply(const cn_bwd_args *a, int64_t r, int64_t nrows, int64_t c0
  * chains), then dx and the block partials, rereading the rows from L1. The
  * partials add the rows in order, so blocks never change a bit. */
 CN_INLINE void bwd_small_block(const cn_bwd_args *a, int64_t r0, const int64_t nrows, const int NV,
-                               const int center, const vec *wv, vec *dwacc, vec *dbacc, double inv_n)
+                               const int center, const vec *wv, vec *dwacc, vec *dbacc, double inv_n, xt *stage)
 {
     const int64_t N = a->N, tail = N - (int64_t)(NV - 1) * VL;
     const at *MEAN = (const at *)a->mean, *RSTD = (const at *)a->rstd;
     const xt *X = (const xt *)a->x + r0 * N, *DY = (const xt *)a->dy + r0 * N;
-    xt *DX = (xt *)a->dx + r0 * N;
+    xt *DX = stage ? stage : (xt *)a->dx + r0 * N;
     const xt *DH = a->dh ? (const xt *)a->dh + r0 * N : NULL;
     at c1[SMALL_BLOCK], c2[SMALL_BLOCK];
     vec acc1[SMALL_BLOCK], acc2[SMALL_BLOCK];
@@ -192,6 +192,8 @@ CN_INLINE void bwd_small_block(const cn_bwd_args *a, int64_t r0, const int64_t n
         }
         store_small_row(DX + i * N, o, NV, tail);
     }
+    /* (after the block's last read: dx may be x, dy or dh in place) */
+    if (stage) cn_copy_stream((xt *)a->dx + r0 * N, stage, (size_t)(nrows * N) * sizeof(xt));
 #undef TERMS
 }
 
@@ -208,8 +210,11 @@ CN_INLINE void bwd_small_nv(const cn_bwd_args *a, int64_t r0, int64_t r1, at *dw
         dwacc[k] = VOP(zero)();
         dbacc[k] = VOP(zero)();
     }
+    CN_ALIGNED64 xt stage[SMALL_BLOCK * SMALL_MAX];   /* streamed dx: as fwd_small_nv's */
+    xt *st = a->pol->stream ? stage : NULL;
     for (int64_t r = r0; r < r1; r += SMALL_BLOCK)
-        bwd_small_block(a, r, r1 - r < SMALL_BLOCK ? r1 - r : SMALL_BLOCK, NV, center, wv, dwacc, dbacc, inv_n);
+        bwd_small_block(a, r, r1 - r < SMALL_BLOCK ? r1 - r : SMALL_BLOCK, NV, center, wv, dwacc, dbacc, inv_n, st);
+    if (st) cn_stream_fence();
     if (dwp) {
         CN_UNROLL for (k = 0; k < NV; k++) {
             int64_t t = k < NV - 1 ? VL : tail;

@@ -147,11 +147,11 @@ CN_INLINE int block_scalars(const cn_fwd_args *a, int64_t r0, int64_t nrows, dou
 }
 
 CN_INLINE void fwd_small_block(const cn_fwd_args *a, int64_t r0, const int64_t nrows, const int NV,
-                                   const int center, const vec *wv, const vec *bv, double inv_n)
+                                   const int center, const vec *wv, const vec *bv, double inv_n, xt *stage)
 {
     const int64_t N = a->N, tail = N - (int64_t)(NV - 1) * VL;
     const xt *X = (const xt *)a->x + r0 * N;
-    xt *Y = (xt *)a->y + r0 * N;
+    xt *Y = stage ? stage : (xt *)a->y + r0 * N;
     at pv[SMALL_BLOCK];
     double dd[SMALL_BLOCK], m2[SMALL_BLOCK], rstd[SMALL_BLOCK];
     /* LayerNorm's per-row sums, reduced a block at a time (cheaper than two
@@ -206,6 +206,7 @@ CN_INLINE void fwd_small_block(const cn_fwd_args *a, int64_t r0, const int64_t n
         prefetch_span(x + nrows * N, N);           /* the same row of the next block */
         if (CN_UNLIKELY(odd) && wants_rescue(a, x, dd[i], m2[i], inv_n)) {
             fwd_rescue(a, r0 + i);                 /* (writes its own mean and rstd) */
+            if (stage) memcpy(y, (xt *)a->y + (r0 + i) * N, (size_t)N * sizeof(xt));
             continue;
         }
         vec MH = VOP(set1)(mh[i]), Rv = VOP(set1)(rs[i]), LR = VOP(set1)(lr[i]);
@@ -219,6 +220,7 @@ CN_INLINE void fwd_small_block(const cn_fwd_args *a, int64_t r0, const int64_t n
         }
         store_small_row(y, o, NV, tail);
     }
+    if (stage) cn_copy_stream((xt *)a->y + r0 * N, stage, (size_t)(nrows * N) * sizeof(xt));
 }
 
 CN_INLINE void fwd_small_nv(const cn_fwd_args *a, int64_t r0, int64_t r1, const int NV, const int center)
@@ -231,8 +233,14 @@ CN_INLINE void fwd_small_nv(const cn_fwd_args *a, int64_t r0, int64_t r1, const 
         wv[k] = a->w ? load_p_t((const pt *)a->w + k * VL, t, 0) : VOP(set1)((at)1);
         bv[k] = a->b ? load_p_t((const pt *)a->b + k * VL, t, 0) : VOP(zero)();
     }
+    /* streamed output: each block's rows are staged here (L1) and leave as whole
+     * lines with non-temporal stores; row ends never split a line between two
+     * stores, and the lines are not read first (plain stores read each line) */
+    CN_ALIGNED64 xt stage[SMALL_BLOCK * SMALL_MAX];
+    xt *st = a->pol->stream ? stage : NULL;
     for (int64_t r = r0; r < r1; r += SMALL_BLOCK)
-        fwd_small_block(a, r, r1 - r < SMALL_BLOCK ? r1 - r : SMALL_BLOCK, NV, center, wv, bv, inv_n);
+        fwd_small_block(a, r, r1 - r < SMALL_BLOCK ? r1 - r : SMALL_BLOCK, NV, center, wv, bv, inv_n, st);
+    if (st) cn_stream_fence();
 }
 
 static void fwd_small(const cn_fwd_args *a, int64_t r0, int64_t r1)
@@ -354,7 +362,7 @@ static void fwd_chunked(const cn_fwd_args *a, int64_t r0, int64_t r1)
 static void fwd_path(const cn_fwd_args *a, int64_t r0, int64_t r1)
 {
     switch (a->pol->path) {
-    case CN_PATH_SMALL: fwd_small(a, r0, r1); break;   /* (plain stores: no fence) */
+    case CN_PATH_SMALL: fwd_small(a, r0, r1); break;
     case CN_PATH_MEDIUM: fwd_med(a, r0, r1); break;
     case CN_PATH_LONG: fwd_long(a, r0, r1); break;
     default: fwd_chunked(a, r0, r1); break;
