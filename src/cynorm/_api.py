@@ -179,7 +179,7 @@ def _layout_uncached(shape, axis):
 
 #: (x type number, param type number or -1) -> (pair code, stats type number),
 #: for the kernels' forward_small
-_FAST_PAIRS = {(x.num, -1 if p is None else p.num): (pair.code, pair.stat.num)
+_FAST_PAIRS = {(x.num, -1 if p is None else p.num): (pair.code, pair.stat.num, pair.grad.num)
                for (x, p), pair in _PAIR_CACHE.items()}
 
 
@@ -214,11 +214,11 @@ def _given(out, names, specs):
 
 def _forward(x, weight, bias, axis, eps, num_threads, out, center, names):
     """names: the outputs the caller returns, in order (y, then mean and/or rstd)."""
-    if out is None:   # the common small call, checked and run in C (None: anything else)
-        done = _isa.kernels.forward_small(x, weight, bias, axis, eps, num_threads, center, names is not _Y,
-                                          _FAST_PAIRS)
-        if done is not None:
-            return done
+    # the common small call, checked and run in C (None: anything else)
+    done = _isa.kernels.forward_small(x, weight, bias, axis, eps, num_threads, center, len(names), out,
+                                      _FAST_PAIRS)
+    if done is not None:
+        return done
     x = _input(x, "x")
     ax, M, N, norm_shape, stat_shape = _layout(x, axis)
     pair, weight, bias = _params(x.dtype, norm_shape, weight, bias)
@@ -250,6 +250,10 @@ def _forward(x, weight, bias, axis, eps, num_threads, out, center, names):
 
 def _backward(dy, x, mean, rstd, weight, axis, num_threads, out, center, names):
     """names: the outputs the caller returns (dx, dweight and, for LayerNorm, dbias)."""
+    # the common small call, checked and run in C (None: anything else)
+    done = _isa.kernels.backward_small(dy, x, mean, rstd, weight, axis, num_threads, center, out, _FAST_PAIRS)
+    if done is not None:
+        return done
     x = _input(x, "x")
     dy = _input(dy, "dy")
     if dy.shape != x.shape:

@@ -180,6 +180,24 @@ cdef int _backward_team(const cn_ops *ops, const cn_bwd_args *a, int k, char *to
     return 0
 
 
+cdef inline void _backward_block(const cn_ops *ops, const cn_bwd_args *a, int k, int64_t blk, char *tot_dw,
+                                 char *tot_db, char *blocks_dw, char *blocks_db, char *scratch) noexcept nogil:
+    """Block blk's rows, its partials into the totals (block 0), scratch or blocks_dw."""
+    cdef int64_t B = a.pol.block_rows
+    cdef size_t part_bytes = a.N * ops.acc_size
+    cdef char *dwp = NULL
+    cdef char *dbp = NULL
+    if k and blocks_dw != NULL:
+        dwp = blocks_dw + blk * part_bytes
+        if k == 2:
+            dbp = blocks_db + blk * part_bytes
+    elif k:
+        dwp = tot_dw if blk == 0 else scratch + (blk - 1) * k * part_bytes
+        if k == 2:
+            dbp = tot_db if blk == 0 else scratch + ((blk - 1) * k + 1) * part_bytes
+    ops.bwd_rows(a, blk * B, _min(a.M, blk * B + B), dwp, dbp)
+
+
 cdef int _backward_blocks(const cn_ops *ops, const cn_bwd_args *a, int k, char *tot_dw, char *tot_db,
                           char *blocks_dw, char *blocks_db) noexcept nogil:
     """Many rows: threads take whole blocks; then the block partials are added
@@ -197,27 +215,25 @@ cdef int _backward_blocks(const cn_ops *ops, const cn_bwd_args *a, int k, char *
         if scratch == NULL:
             return -1
     cdef int64_t blk, c, j
-    cdef char *dwp
-    cdef char *dbp
-    for blk in prange(nb, schedule='static', num_threads=T):
-        dwp = NULL
-        dbp = NULL
-        if k and blocks_dw != NULL:
-            dwp = blocks_dw + blk * part_bytes
-            if k == 2:
-                dbp = blocks_db + blk * part_bytes
-        elif k:
-            dwp = tot_dw if blk == 0 else scratch + (blk - 1) * k * part_bytes
-            if k == 2:
-                dbp = tot_db if blk == 0 else scratch + ((blk - 1) * k + 1) * part_bytes
-        ops.bwd_rows(a, blk * B, _min(M, blk * B + B), dwp, dbp)
+    if T == 1:   # (no parallel region: it costs more than a tiny call's work)
+        for blk in range(nb):
+            _backward_block(ops, a, k, blk, tot_dw, tot_db, blocks_dw, blocks_db, scratch)
+    else:
+        for blk in prange(nb, schedule='static', num_threads=T):
+            _backward_block(ops, a, k, blk, tot_dw, tot_db, blocks_dw, blocks_db, scratch)
     if k and nb > 1 and blocks_dw == NULL:
         T = <int>_min(T, nc)
-        for c in prange(nc, schedule='static', num_threads=T):
+        if T == 1:
             for j in range(nb - 1):
-                ops.acc_add(tot_dw, scratch + j * k * part_bytes, c * K, _min(N, c * K + K))
+                ops.acc_add(tot_dw, scratch + j * k * part_bytes, 0, N)
                 if k == 2:
-                    ops.acc_add(tot_db, scratch + (j * k + 1) * part_bytes, c * K, _min(N, c * K + K))
+                    ops.acc_add(tot_db, scratch + (j * k + 1) * part_bytes, 0, N)
+        else:
+            for c in prange(nc, schedule='static', num_threads=T):
+                for j in range(nb - 1):
+                    ops.acc_add(tot_dw, scratch + j * k * part_bytes, c * K, _min(N, c * K + K))
+                    if k == 2:
+                        ops.acc_add(tot_db, scratch + (j * k + 1) * part_bytes, c * K, _min(N, c * K + K))
     cn_scratch_put(2, scratch)
     return 0
 
