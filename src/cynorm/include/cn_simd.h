@@ -641,20 +641,25 @@ CN_PAIR_STORES(cn_vf, bf16, cn_bf16, CN_VF_LANES)
 /* The first n lanes of a vector, written with non-temporal stores: the partial
  * vectors at both ends of a streamed row, whose cache lines the neighbouring
  * rows' streams also write: a plain store to such a line costs a round trip
- * to DRAM. 4-byte MOVNTI pieces; p is element-aligned (stream_peel). A 2-byte
- * element off a 4-byte boundary takes a plain store; the policy streams 16-bit
- * rows only where they need no pieces at all (core/policy.c). */
+ * to DRAM. The largest aligned pieces (16, 8, 4 bytes: one 16-byte store for
+ * the usual 16-byte misalignment of short rows, where 4-byte pieces took a
+ * quarter of the time of rows of 256 bytes); p is element-aligned
+ * (stream_peel). A 2-byte element off a 4-byte boundary takes a plain store;
+ * the policy streams longer 16-bit rows only where they need no pieces at all
+ * (core/policy.c). */
 CN_INLINE void cn_stream_bytes(void *dst, const void *src, size_t nbytes)
 {
     char *d = (char *)dst;
     const char *s = (const char *)src;
     if (((uintptr_t)d & 2) && nbytes >= 2) { memcpy(d, s, 2); d += 2; s += 2; nbytes -= 2; }
 #if defined(CN_AVX512) || defined(CN_AVX2)
-    for (; nbytes >= 4; d += 4, s += 4, nbytes -= 4) {
-        int v;
-        memcpy(&v, s, 4);
-        _mm_stream_si32((int *)d, v);
-    }
+    int v4;
+    long long v8;
+    if (((uintptr_t)d & 4) && nbytes >= 4) { memcpy(&v4, s, 4); _mm_stream_si32((int *)d, v4); d += 4; s += 4; nbytes -= 4; }
+    if (((uintptr_t)d & 8) && nbytes >= 8) { memcpy(&v8, s, 8); _mm_stream_si64((long long *)d, v8); d += 8; s += 8; nbytes -= 8; }
+    for (; nbytes >= 16; d += 16, s += 16, nbytes -= 16) _mm_stream_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
+    if (nbytes >= 8) { memcpy(&v8, s, 8); _mm_stream_si64((long long *)d, v8); d += 8; s += 8; nbytes -= 8; }
+    if (nbytes >= 4) { memcpy(&v4, s, 4); _mm_stream_si32((int *)d, v4); d += 4; s += 4; nbytes -= 4; }
 #endif
     if (nbytes) memcpy(d, s, nbytes);
 }
