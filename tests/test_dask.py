@@ -248,20 +248,21 @@ def test_a_cluster_of_mixed_cpu_levels_gives_one_calls_bits(rng):
 
 # ------------------------------------------------- fused residual add + norm --
 
-def fused_whole(norm, x, r, dy, dh, w, b, h_dtype):
+def fused_run(mod, norm, x, r, dy, dh, w, b, h_dtype):
+    """The fused forward and backward through `mod` (cynorm on arrays, cynorm.dask lazily)."""
     if norm == "layer":
-        fwd = cynorm.add_layer_norm_forward(x, r, w, b, residual_dtype=h_dtype)
-        return fwd, cynorm.add_layer_norm_backward(dy, fwd[1], fwd[2], fwd[3], w, dh=dh)
-    fwd = cynorm.add_rms_norm_forward(x, r, w, residual_dtype=h_dtype)
-    return fwd, cynorm.add_rms_norm_backward(dy, fwd[1], fwd[2], w, dh=dh)
+        fwd = mod.add_layer_norm_forward(x, r, w, b, residual_dtype=h_dtype)
+        return fwd, mod.add_layer_norm_backward(dy, fwd[1], fwd[2], fwd[3], w, dh=dh)
+    fwd = mod.add_rms_norm_forward(x, r, w, residual_dtype=h_dtype)
+    return fwd, mod.add_rms_norm_backward(dy, fwd[1], fwd[2], w, dh=dh)
 
 
-def fused_lazy(norm, X, R, DY, DH, w, b, h_dtype):
-    if norm == "layer":
-        fwd = cnd.add_layer_norm_forward(X, R, w, b, residual_dtype=h_dtype)
-        return fwd, cnd.add_layer_norm_backward(DY, fwd[1], fwd[2], fwd[3], w, dh=DH)
-    fwd = cnd.add_rms_norm_forward(X, R, w, residual_dtype=h_dtype)
-    return fwd, cnd.add_rms_norm_backward(DY, fwd[1], fwd[2], w, dh=DH)
+def fused_whole(*args):
+    return fused_run(cynorm, *args)
+
+
+def fused_lazy(*args):
+    return fused_run(cnd, *args)
 
 
 @pytest.mark.parametrize("norm", ["layer", "rms"])

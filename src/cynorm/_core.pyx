@@ -388,7 +388,7 @@ def forward_small(object x, object weight, object bias, object axis, object eps,
     cdef cnp.npy_intp sdims[32]
     cdef int64_t M, N
     cdef int ax = _layout_small(xa, axis, sdims, &M, &N)
-    if ax < 0:
+    if ax < 0 or (out is None and M * N >= SMALL_CALL_ELEMS):   # (a fresh large y: the general path)
         return None
     cdef int nd = cnp.PyArray_NDIM(xa)
     cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(xa)
@@ -460,7 +460,7 @@ def backward_small(object dy, object x, object mean, object rstd, object weight,
     cdef cnp.npy_intp sdims[32]
     cdef int64_t M, N
     cdef int ax = _layout_small(xa, axis, sdims, &M, &N)
-    if ax < 0 or not _param_ok(weight, dims, ax, nd):
+    if ax < 0 or (out is None and M * N >= SMALL_CALL_ELEMS) or not _param_ok(weight, dims, ax, nd):
         return None
     entry = pairs.get((xnum, -1 if weight is None else cnp.PyArray_TYPE(<cnp.ndarray>weight)))
     if entry is None:

@@ -95,13 +95,20 @@ def _forward(x, weight, bias, axis, eps, center, num_threads):
     return (out[0], out[1], out[2]) if center else (out[0], None, out[1])
 
 
-def _backward(dy, x, mean, rstd, weight, axis, center, num_threads):
-    axis, _ = _check(x, weight, None, axis, None)
-    results = [jax.ShapeDtypeStruct(x.shape, x.dtype)]
+def _grad_results(grad_in, x_dtype, weight, center):
+    """The backward's results: the input gradient (grad_in's shape and dtype), then
+    dweight (and dbias for LayerNorm) in the pair's gradient dtype."""
+    results = [jax.ShapeDtypeStruct(grad_in.shape, grad_in.dtype)]
     if weight is not None:
-        results += [jax.ShapeDtypeStruct(weight.shape, _dtypes.resolve(np.dtype(x.dtype), np.dtype(weight.dtype)).grad)]
+        results += [jax.ShapeDtypeStruct(weight.shape, _dtypes.resolve(np.dtype(x_dtype), np.dtype(weight.dtype)).grad)]
         if center:
             results.append(results[-1])
+    return results
+
+
+def _backward(dy, x, mean, rstd, weight, axis, center, num_threads):
+    axis, _ = _check(x, weight, None, axis, None)
+    results = _grad_results(x, x.dtype, weight, center)
     args = [dy, x] + ([mean] if center else []) + [rstd] + ([weight] if weight is not None else [])
     out = jax.ffi.ffi_call("cynorm_backward", results, vmap_method="expand_dims")(
         *args, **_attrs(x, axis, center, weight is not None, False, num_threads))
@@ -185,11 +192,7 @@ def _add_forward(x, residual, weight, bias, axis, eps, center, h_dtype, num_thre
 
 def _add_backward(dy, h, mean, rstd, weight, dh, axis, center, num_threads):
     axis, _ = _check(dy, weight, None, axis, None)
-    results = [jax.ShapeDtypeStruct(h.shape, h.dtype)]
-    if weight is not None:
-        results += [jax.ShapeDtypeStruct(weight.shape, _dtypes.resolve(np.dtype(dy.dtype), np.dtype(weight.dtype)).grad)]
-        if center:
-            results.append(results[-1])
+    results = _grad_results(h, dy.dtype, weight, center)
     args = [dy, h] + ([mean] if center else []) + [rstd] + ([weight] if weight is not None else []) + [dh]
     out = jax.ffi.ffi_call("cynorm_add_backward", results, vmap_method="expand_dims")(
         *args, has_dh=np.int32(1), **_attrs(dy, axis, center, weight is not None, False, num_threads))
