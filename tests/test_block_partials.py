@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import cynorm
-from cynorm import _core, _dtypes, _isa
+from cynorm import _checks, _core, _isa
 from conftest import PAIRS, make_inputs
 
 
@@ -34,7 +34,7 @@ def test_block_partials_reduce_to_the_whole_arrays_grads(pair, norm, shape, rng)
         _, rstd = cynorm.rms_norm_forward(x, w)
         mean, db = None, None
         dx, dw = cynorm.rms_norm_backward(dy, x, rstd, w, num_threads=2)
-    p = _dtypes.resolve(x.dtype, w.dtype)
+    p = _checks.pair(x.dtype, w.dtype)
     acc = np.float64 if x.dtype == np.float64 else np.float32
     B = _core.block_rows(M, N, np.dtype(acc).itemsize)
     bounds = [0]

@@ -289,7 +289,7 @@ def test_bad_backward_input(rng):
     y, h, mean, rstd = cynorm.add_layer_norm_forward(x, r, w, b, residual_dtype=np.float32)
     dy = rng.standard_normal((4, 32)).astype(BF16)
     cases = [
-        (dict(dh=np.zeros((4, 32), BF16)), TypeError, "dh must have h's dtype"),
+        (dict(dh=np.zeros((4, 32), BF16)), TypeError, "dh must have the dtype of h"),
         (dict(dh=np.zeros((4, 31), np.float32)), ValueError, "dh must have the shape"),
         (dict(out=(np.zeros((4, 32), np.float16), None, None)), TypeError, "dtype"),
     ]

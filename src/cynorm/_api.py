@@ -6,12 +6,9 @@ non-contiguous, Fortran-ordered or negative-stride arrays are copied to a
 C-contiguous buffer first (outputs are always C-contiguous).
 """
 
-import math
-import numbers
-
 import numpy as np
 
-from . import _alloc, _dtypes, _isa, _outputs
+from . import _alloc, _checks, _dtypes, _isa, _outputs
 from ._threads import resolve_num_threads
 
 __all__ = [
@@ -63,29 +60,8 @@ def _input(a, name):
     a = _as_array(a, name)
     if not a.dtype.isnative:
         a = _native(a)
-    _dtypes.check_x_dtype(a.dtype, name)
+    _checks.x_dtype(a.dtype, name)
     return a
-
-
-def _axis(axis, ndim):
-    if type(axis) is not int:
-        if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (numbers.Integral, np.integer)):
-            raise TypeError(f"cynorm: axis must be an int, got {type(axis).__name__}")
-        axis = int(axis)
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"cynorm: axis {axis} is out of range for an array with {ndim} dimension(s); "
-                         f"expected {-ndim} <= axis < {ndim}")
-    return axis % ndim
-
-
-def _eps(eps):
-    if type(eps) is not float:
-        if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
-            raise TypeError(f"cynorm: eps must be a real number, got {type(eps).__name__}")
-        eps = float(eps)
-    if not (eps >= 0.0 and math.isfinite(eps)):
-        raise ValueError(f"cynorm: eps must be finite and >= 0, got {eps!r}")
-    return eps
 
 
 def _params(x_dtype, norm_shape, weight, bias):
@@ -108,41 +84,21 @@ def _params(x_dtype, norm_shape, weight, bias):
             p = _as_array(p, name)
             if not p.dtype.isnative:
                 p = _native(p)
-            if p.shape != norm_shape:
-                raise ValueError(f"cynorm: {name} must have shape x.shape[axis:] = {norm_shape}, got {p.shape}")
         arrays.append(p)
     weight, bias = arrays
-    if weight is not None and bias is not None and weight.dtype != bias.dtype:
-        raise TypeError(f"cynorm: weight and bias must have the same dtype, got "
-                        f"{_dtypes.dtype_name(weight.dtype)} and {_dtypes.dtype_name(bias.dtype)}; "
-                        f"supported (x, weight/bias) pairs: {_dtypes.supported_pairs_text()}")
-    given = weight if weight is not None else bias
-    return _dtypes.resolve(x_dtype, None if given is None else given.dtype), weight, bias
+    return _checks.params(x_dtype, norm_shape, weight, bias), weight, bias
+
+
+def _stats(stat, name, shape, axis, dtype):
+    """A mean/rstd argument of the backward, checked (the kernel entry makes it C-contiguous)."""
+    stat = _as_array(stat, name)
+    _checks.stats(name, stat.shape, stat.dtype, shape, axis, dtype)
+    return stat
 
 
 #: (x dtype, param dtype or None) -> Pair, for the fast path
 _PAIR_CACHE = {**{k: v for k, v in _dtypes.PAIRS.items()},
                **{(x, None): _dtypes.PAIRS[(x, p)] for x, p in _dtypes.DEFAULT_PARAM.items()}}
-
-
-def _split(shape, axis):
-    """(M rows, N elements per row) for normalizing over shape[axis:]."""
-    norm_shape = shape[axis:]
-    n = norm_shape[0] if len(norm_shape) == 1 else math.prod(norm_shape)
-    if n == 0:
-        raise ValueError(f"cynorm: the normalized dimensions x.shape[axis:] = {norm_shape} have zero size")
-    return math.prod(shape[:axis]), n, norm_shape
-
-
-def _stats(stat, name, shape, stat_shape, axis, dtype):
-    """Check a mean/rstd argument of the backward."""
-    stat = _as_array(stat, name)
-    if stat.shape != stat_shape and stat.shape != shape[:axis]:
-        raise ValueError(f"cynorm: {name} must have shape {stat_shape} (or {shape[:axis]}), got {stat.shape}")
-    if stat.dtype != dtype:
-        raise TypeError(f"cynorm: {name} must have dtype {_dtypes.dtype_name(dtype)} for this input "
-                        f"(what the forward returns), got {_dtypes.dtype_name(stat.dtype)}")
-    return stat  # (the kernel entry makes it C-contiguous)
 
 
 # ----------------------------------------------------------------- shared --
@@ -160,21 +116,12 @@ def _layout(x, axis):
         hit = _LAYOUT_CACHE.get((shape, axis))
         if hit is not None:
             return hit
-        result = _layout_uncached(shape, axis)
+        result = _checks.layout(shape, axis)
         if len(_LAYOUT_CACHE) >= _LAYOUT_CACHE_MAX:
             _LAYOUT_CACHE.clear()
         _LAYOUT_CACHE[(shape, axis)] = result
         return result
-    return _layout_uncached(shape, axis)
-
-
-def _layout_uncached(shape, axis):
-    ndim = len(shape)
-    if ndim == 0:
-        raise ValueError("cynorm: x must have at least one dimension, got a 0-d array")
-    ax = _axis(axis, ndim)
-    M, N, norm_shape = _split(shape, ax)
-    return ax, M, N, norm_shape, shape[:ax] + (1,) * (ndim - ax)
+    return _checks.layout(shape, axis)
 
 
 #: (x type number, param type number or -1) -> (pair code, stats type number),
@@ -222,7 +169,7 @@ def _forward(x, weight, bias, axis, eps, num_threads, out, center, names):
     x = _input(x, "x")
     ax, M, N, norm_shape, stat_shape = _layout(x, axis)
     pair, weight, bias = _params(x.dtype, norm_shape, weight, bias)
-    eps = _eps(eps)
+    eps = _checks.eps(eps)
     T = resolve_num_threads(num_threads)
     y = mean = rstd = None
     if out is not None:
@@ -256,16 +203,12 @@ def _backward(dy, x, mean, rstd, weight, axis, num_threads, out, center, names):
         return done
     x = _input(x, "x")
     dy = _input(dy, "dy")
-    if dy.shape != x.shape:
-        raise ValueError(f"cynorm: dy must have the shape of x, {x.shape}, got {dy.shape}")
-    if dy.dtype != x.dtype:
-        raise TypeError(f"cynorm: dy must have the dtype of x, {_dtypes.dtype_name(x.dtype)}, "
-                        f"got {_dtypes.dtype_name(dy.dtype)}")
+    _checks.like("dy", dy.shape, dy.dtype, "x", x.shape, x.dtype)
     ax, M, N, norm_shape, stat_shape = _layout(x, axis)
     pair, weight, _ = _params(x.dtype, norm_shape, weight, None)
     if center:
-        mean = _stats(mean, "mean", x.shape, stat_shape, ax, pair.stat)
-    rstd = _stats(rstd, "rstd", x.shape, stat_shape, ax, pair.stat)
+        mean = _stats(mean, "mean", x.shape, ax, pair.stat)
+    rstd = _stats(rstd, "rstd", x.shape, ax, pair.stat)
     T = resolve_num_threads(num_threads)
     dx = dweight = dbias = None
     if out is not None:

@@ -1,7 +1,7 @@
 # Declarations of _core: the C headers it uses (include/) and the small C
 # helpers it needs. Cython reads this file together with _core.pyx.
 
-from libc.stdint cimport int64_t, uint16_t, uintptr_t
+from libc.stdint cimport int64_t, uint16_t, uint64_t, uintptr_t
 
 # Calls in flight in this process (all Python threads): concurrent callers share the cores.
 cdef extern from *:
@@ -53,7 +53,6 @@ cdef extern from "cn_policy.h" nogil:
     ctypedef struct cn_machine:
         int64_t l2_bytes
         int64_t l3_bytes
-        int multirow_stream
         cn_tunables tuned
     ctypedef struct cn_call:
         int backward
@@ -62,6 +61,7 @@ cdef extern from "cn_policy.h" nogil:
         int x_size
         int acc_size
         int64_t small_max
+        int multirow_stream
         int grads
         int64_t block_rows
         int requested_threads
@@ -90,6 +90,7 @@ cdef extern from "cn_policy.h" nogil:
         int64_t block_rows
         int64_t fused_rows
     enum:
+        CN_MAX_THREADS
         CN_PATH_SMALL
         CN_PATH_MEDIUM
         CN_PATH_ROWS
@@ -107,14 +108,16 @@ cdef extern from "cn_policy.h" nogil:
     cn_tunables cn_tunables_for(const cn_tunables *base, const cn_machine *m)
     void cn_machine_update(cn_machine *m)
     int cn_threads_for(const cn_tunables *t, const cn_call *c)
-    int64_t cn_block_rows(int64_t M, int64_t N, int acc_size)
     const char *cn_tunable_name(int i)
     int64_t *cn_tunable_slot(cn_tunables *t, int i)
 
 
-cdef extern from "cn_ops.h" nogil:
+cdef extern from "cn_order.h" nogil:
     const int CN_CHUNK
+    int64_t cn_block_rows(int64_t M, int64_t N, int acc_size)
 
+
+cdef extern from "cn_ops.h" nogil:
     ctypedef struct cn_fwd_args:
         const void *x
         void *y
@@ -157,6 +160,7 @@ cdef extern from "cn_ops.h" nogil:
         int p_size
         int acc_size
         int64_t small_max
+        int multirow_stream
         void (*fwd_rows)(const cn_fwd_args *, int64_t, int64_t) noexcept nogil
         void (*fwd_chunk)(const cn_fwd_args *, int64_t, int64_t, int64_t, cn_moments *) noexcept nogil
         void (*fwd_finish)(const cn_fwd_args *, int64_t, const cn_moments *, cn_row_stats *) noexcept nogil
@@ -177,7 +181,6 @@ cdef extern from "cn_ops.h" nogil:
         void (*bf16_to_f32)(const uint16_t *, float *, int64_t) noexcept nogil
         void (*f16_to_f32)(const uint16_t *, float *, int64_t) noexcept nogil
         void (*stream_fence)() noexcept nogil
-        int multirow_stream
 
     void cn_moments_merge(cn_moments *a, const cn_moments *b)
 
@@ -261,39 +264,50 @@ cdef extern from "cynorm.h" nogil:
         CYNORM_EINVAL
 
 
-# The levels this build holds (the build defines CN_HAVE_LEVEL_<name> for each).
+# meson.build's tables (cn_tables.h) as C arrays, and this CPU's features (cn_cpu.h).
 cdef extern from *:
     """
     #include "cn_ops.h"
-    static const cn_level_ops *const cn_built_levels[] = {
-    #ifdef CN_HAVE_LEVEL_baseline
-        &cn_level_baseline,
-    #endif
-    #ifdef CN_HAVE_LEVEL_avx2
-        &cn_level_avx2,
-    #endif
-    #ifdef CN_HAVE_LEVEL_avx512
-        &cn_level_avx512,
-    #endif
-    #ifdef CN_HAVE_LEVEL_avx512_bf16
-        &cn_level_avx512_bf16,
-    #endif
-        NULL
+    #include "cn_cpu.h"
+    /* every level of the table */
+    #define CN_LEVEL_ROW(name, id, simd, features, caps) {#name, features, caps},
+    static const struct cn_level_row { const char *name, *features, *caps; } cn_level_rows[] = {
+        CN_FOR_EACH_LEVEL(CN_LEVEL_ROW)
     };
-    /* kernel table of each pair (CN_PAIR_*), and how the caller stores its params:
-     * 0 as the kernel, 1 bf16, 2 f16 (widened to float32 around the call) */
-    static const int cn_kernel_of_pair[CN_NUM_PAIRS] = {0, 1, 2, 2, 3, 3};
-    static const int cn_half_params[CN_NUM_PAIRS] = {0, 0, 1, 0, 2, 0};
-    /* (x dtype, param dtype) of each pair, as cynorm.h numbers them */
-    static const int cn_pair_x[CN_NUM_PAIRS] = {0, 1, 2, 2, 3, 3};
-    static const int cn_pair_p[CN_NUM_PAIRS] = {0, 1, 2, 0, 3, 0};
+    /* the levels this build holds */
+    #define CN_BUILT_LEVEL(name) &cn_level_##name,
+    static const cn_level_ops *const cn_built_levels[] = {CN_FOR_EACH_BUILT_LEVEL(CN_BUILT_LEVEL) NULL};
+    /* the dtype kernels, by id */
+    #define CN_KERNEL_ROW(name, id, code, dtype, ctype, acc) {#name, code, dtype, CN_KERNEL_ID_##acc},
+    static const struct cn_kernel_row { const char *name; int code; const char *dtype; int acc; } cn_kernel_rows[] = {
+        CN_FOR_EACH_KERNEL(CN_KERNEL_ROW)
+    };
+    /* the dtype pairs, by code: x's kernel, and the dtype codes (cynorm.h) of x and of the params */
+    #define CN_PAIR_ROW(code, xk, pk) {CN_KERNEL_ID_##xk, CN_KERNEL_CODE_##xk, CN_KERNEL_CODE_##pk},
+    static const struct cn_pair_row { int kernel, x, param; } cn_pair_rows[] = {CN_FOR_EACH_PAIR(CN_PAIR_ROW)};
     """
+    struct cn_level_row:
+        const char *name
+        const char *features
+        const char *caps
+    struct cn_kernel_row:
+        const char *name
+        int code
+        const char *dtype
+        int acc
+    struct cn_pair_row:
+        int kernel
+        int x
+        int param
+    const cn_level_row *cn_level_rows
     const cn_level_ops *const *cn_built_levels
-    const int *cn_kernel_of_pair
-    const int *cn_half_params
-    const int *cn_pair_x
-    const int *cn_pair_p
+    const cn_kernel_row *cn_kernel_rows
+    const cn_pair_row *cn_pair_rows
+    const int CN_NUM_LEVELS
+    const int CN_NUM_KERNELS
     const int CN_NUM_PAIRS
+    const char *const *cn_cpu_feature_names
+    uint64_t cn_cpu_features()
 
 
 cdef extern from *:

@@ -251,18 +251,13 @@ cdef const char *_c_error_string(int status) noexcept nogil:
 
 
 cdef inline int _pair_of(const cynorm_desc *d) noexcept nogil:
-    """The pair code (_dtypes.py) of a descriptor's dtypes, or -1."""
-    cdef int x = d.x_dtype, p = d.param_dtype
-    if p == CYNORM_NO_PARAMS:
-        p = x
-    if x == CYNORM_F32 and p == CYNORM_F32:
-        return 0
-    if x == CYNORM_F64 and p == CYNORM_F64:
-        return 1
-    if x == CYNORM_BF16:
-        return 2 if p == CYNORM_BF16 else (3 if p == CYNORM_F32 else -1)
-    if x == CYNORM_F16:
-        return 4 if p == CYNORM_F16 else (5 if p == CYNORM_F32 else -1)
+    """The pair code (meson.build's table) of a descriptor's dtypes, or -1; without
+    params, x's first pair."""
+    cdef int i
+    for i in range(CN_NUM_PAIRS):
+        if cn_pair_rows[i].x == d.x_dtype and (d.param_dtype == CYNORM_NO_PARAMS
+                                                or cn_pair_rows[i].param == d.param_dtype):
+            return i
     return -1
 
 
@@ -278,6 +273,7 @@ cdef void _fill_call(cn_call *c, const cn_ops *ops, const cynorm_desc *d, int ba
     c.x_size = ops.x_size
     c.acc_size = ops.acc_size
     c.small_max = ops.small_max
+    c.multirow_stream = ops.multirow_stream
     c.grads = 0
     c.requested_threads = d.num_threads if d.num_threads > 0 else omp_get_max_threads()
     c.num_procs = omp_get_num_procs
@@ -296,7 +292,7 @@ cdef int _c_forward(const cynorm_desc *d, const cynorm_fwd_bufs *b) noexcept nog
         return CYNORM_EINVAL
     if b.x == NULL or b.y == NULL:
         return CYNORM_EINVAL
-    return _forward_impl(d, b, cn_get_ops(pair), cn_half_params[pair], NULL)
+    return _forward_impl(d, b, cn_get_ops(pair), _widened(pair), NULL)
 
 
 cdef int _forward_impl(const cynorm_desc *d, const cynorm_fwd_bufs *b, const cn_ops *ops, int half,
@@ -361,7 +357,7 @@ cdef int _c_backward(const cynorm_desc *d, const cynorm_bwd_bufs *b) noexcept no
     cdef int pair = _pair_of(d)
     if pair < 0 or not _desc_ok(d) or not _bwd_bufs_ok(d, b):
         return CYNORM_EINVAL
-    return _backward_impl(d, b, cn_get_ops(pair), cn_half_params[pair], NULL)
+    return _backward_impl(d, b, cn_get_ops(pair), _widened(pair), NULL)
 
 
 cdef bint _bwd_bufs_ok(const cynorm_desc *d, const cynorm_bwd_bufs *b) noexcept nogil:
@@ -446,7 +442,10 @@ cdef int _backward_impl(const cynorm_desc *d, const cynorm_bwd_bufs *b, const cn
 
 
 cdef int64_t _c_block_rows(int64_t rows, int64_t cols, int x_dtype) noexcept nogil:
-    return cn_block_rows(rows, cols, 8 if x_dtype == CYNORM_F64 else 4)
+    cdef int k = _kernel_of(x_dtype)
+    if k < 0 or LEVEL == NULL:
+        return -1
+    return cn_block_rows(rows, cols, LEVEL.kernels[k].acc_size)
 
 
 cdef cynorm_api _C_API_TABLE

@@ -16,29 +16,15 @@ cdef struct cn_fused_fwd:
     bint stream_h           # h streamed to memory (from a buffer), where the policy would stream y
 
 
-cdef inline int _dtype_size(int t) noexcept nogil:
-    return 4 if t == CYNORM_F32 else (8 if t == CYNORM_F64 else 2)
-
-
-cdef inline int _half_of(int param_dtype) noexcept nogil:
-    """16-bit params are widened to float32: 1 bf16, 2 f16, 0 none."""
-    return 1 if param_dtype == CYNORM_BF16 else (2 if param_dtype == CYNORM_F16 else 0)
-
-
 cdef bint _add_desc_ok(const cynorm_add_desc *d, bint backward) noexcept nogil:
-    """The dtypes of a fused call: h is x's dtype or, for 16-bit x, float32; the
-    residual (forward) and dsum (backward) are x's or h's dtype; params as for
-    the plain norms (for float32 h, also none, float32 or x's 16-bit dtype)."""
-    cdef int x = d.base.x_dtype, h = d.h_dtype, p = d.base.param_dtype
-    cdef bint x16 = x == CYNORM_BF16 or x == CYNORM_F16
-    if not _desc_ok(&d.base) or not (x == CYNORM_F32 or x == CYNORM_F64 or x16):
+    """The dtypes of a fused call: h is x's dtype or, for 16-bit x, float32 (x's
+    accumulator); the residual (forward) and dsum (backward) are x's or h's dtype;
+    params as for the plain norms on x."""
+    cdef int x = d.base.x_dtype, h = d.h_dtype
+    if not _desc_ok(&d.base) or _pair_of(&d.base) < 0:
         return False
-    if not (h == x or (x16 and h == CYNORM_F32)):
-        return False
-    if h == x:
-        if _pair_of(&d.base) < 0:
-            return False
-    elif not (p == CYNORM_NO_PARAMS or p == CYNORM_F32 or p == x):
+    # h: x's dtype or x's accumulator dtype (the float32 residual stream of 16-bit x)
+    if not (h == x or h == cn_kernel_rows[cn_kernel_rows[_kernel_of(x)].acc].code):
         return False
     if backward:
         return d.dsum_dtype == x or d.dsum_dtype == h
@@ -173,7 +159,7 @@ cdef int _c_add_forward(const cynorm_add_desc *d, const cynorm_add_fwd_bufs *b) 
     cdef cn_fused_fwd f
     cdef cynorm_fwd_bufs fb
     inner.x_dtype = h
-    f.ops_x = LEVEL.kernels[x]
+    f.ops_x = LEVEL.kernels[_kernel_of(x)]
     f.x = b.x
     f.residual = b.residual
     f.h = b.h
@@ -188,7 +174,7 @@ cdef int _c_add_forward(const cynorm_add_desc *d, const cynorm_add_fwd_bufs *b) 
     fb.bias = b.bias
     fb.mean = b.mean
     fb.rstd = b.rstd
-    return _forward_impl(&inner, &fb, LEVEL.kernels[h], _half_of(d.base.param_dtype), &f)
+    return _forward_impl(&inner, &fb, LEVEL.kernels[_kernel_of(h)], _half_of(d.base.param_dtype), &f)
 
 
 # --------------------------------------------------------------- backward --
@@ -216,7 +202,7 @@ cdef int _c_add_backward(const cynorm_add_desc *d, const cynorm_add_bwd_bufs *b)
     bb.dbias_blocks = b.dbias_blocks
     if not _bwd_bufs_ok(&d.base, &bb):
         return CYNORM_EINVAL
-    T = _call_threads(&inner, LEVEL.kernels[h])
+    T = _call_threads(&inner, LEVEL.kernels[_kernel_of(h)])
     if h != x and n > 0:
         # float32 h under 16-bit dy: h's kernel takes dy widened (exact); a 16-bit
         # dsum is its float32 dx + dh, rounded once afterwards
@@ -231,7 +217,7 @@ cdef int _c_add_backward(const cynorm_add_desc *d, const cynorm_add_bwd_bufs *b)
                 free(dy32)
                 return CYNORM_ENOMEM
             bb.dx = dsum32
-    rc = _backward_impl(&inner, &bb, LEVEL.kernels[h], _half_of(d.base.param_dtype), b.dh)
+    rc = _backward_impl(&inner, &bb, LEVEL.kernels[_kernel_of(h)], _half_of(d.base.param_dtype), b.dh)
     if rc == CYNORM_OK and dsum32 != NULL:
         _convert_all(_half_of(x), dsum32, b.dsum, n, T)
     free(dy32)

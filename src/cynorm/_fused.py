@@ -10,63 +10,31 @@ determinism as the plain functions (cynorm._api).
 
 import numpy as np
 
-from . import _dtypes, _isa, _outputs
-from ._api import _as_array, _eps, _given, _input, _layout, _makers, _new, _params, _stats
+from . import _checks, _dtypes, _isa, _outputs
+from ._api import _given, _input, _layout, _makers, _new, _params, _stats
 from ._threads import resolve_num_threads
 
 __all__ = ["add_layer_norm_forward", "add_layer_norm_backward", "add_rms_norm_forward", "add_rms_norm_backward"]
 
 #: dtype codes of include/cynorm.h
-_CODE = {_dtypes.F32: 0, _dtypes.F64: 1, _dtypes.BF16: 2, _dtypes.F16: 3}
+_CODE = _dtypes.CODES
 _NO_PARAMS = -1
-_WIDE_OK = (_dtypes.BF16, _dtypes.F16)
 #: out= entries that may be an input itself (input index, output index)
 _FWD_IN_PLACE = frozenset({(0, 0), (0, 1), (1, 0), (1, 1)})   # y or h may be x or residual
 _BWD_IN_PLACE = frozenset({(0, 0), (1, 0), (5, 0)})           # dsum may be dy, h or dh
-
-
-def _stream_dtype(x_dtype, residual_dtype):
-    """h's dtype: x's, or float32 for 16-bit x (residual_dtype=np.float32)."""
-    if residual_dtype is None:
-        return x_dtype
-    try:
-        dt = np.dtype(residual_dtype)
-    except TypeError:
-        raise TypeError(f"cynorm: residual_dtype must be a dtype (or None), got {residual_dtype!r}") from None
-    if dt == x_dtype or (dt == _dtypes.F32 and x_dtype in _WIDE_OK):
-        return dt
-    raise TypeError(f"cynorm: residual_dtype must be x's dtype ({_dtypes.dtype_name(x_dtype)})"
-                    f"{' or float32' if x_dtype in _WIDE_OK else ''}, got {_dtypes.dtype_name(dt)}")
-
-
-def _check_residual(x_shape, x_dtype, residual_shape, residual_dtype_of_array, residual_dtype):
-    """h's dtype for x and a residual of these shapes and dtypes (residual_dtype: the
-    argument); raises as the NumPy API does. Shared by cynorm.jax and cynorm.dask."""
-    if tuple(residual_shape) != tuple(x_shape):
-        raise ValueError(f"cynorm: residual must have the shape of x, {tuple(x_shape)}, got {tuple(residual_shape)}")
-    h_dtype = _stream_dtype(x_dtype, residual_dtype)
-    rd = np.dtype(residual_dtype_of_array)
-    if rd != x_dtype and rd != h_dtype:
-        raise TypeError(f"cynorm: residual must have x's dtype ({_dtypes.dtype_name(x_dtype)}) or "
-                        f"residual_dtype ({_dtypes.dtype_name(h_dtype)}), got {_dtypes.dtype_name(rd)}")
-    return h_dtype
 
 
 def _param_code(pair, weight, bias):
     return _NO_PARAMS if weight is None and bias is None else _CODE[pair.param]
 
 
-def _stat_dtype(h_dtype):
-    return _dtypes.F64 if h_dtype == _dtypes.F64 else _dtypes.F32
-
-
 def _add_forward(x, residual, weight, bias, axis, eps, residual_dtype, num_threads, out, center):
     x = _input(x, "x")
     residual = _input(residual, "residual")
-    h_dtype = _check_residual(x.shape, x.dtype, residual.shape, residual.dtype, residual_dtype)
+    h_dtype = _checks.residual(x.shape, x.dtype, residual.shape, residual.dtype, residual_dtype)
     ax, M, N, norm_shape, stat_shape = _layout(x, axis)
     pair, weight, bias = _params(x.dtype, norm_shape, weight, bias)
-    eps = _eps(eps)
+    eps = _checks.eps(eps)
     T = resolve_num_threads(num_threads)
     y = h = None
     if out is not None:
@@ -79,7 +47,7 @@ def _add_forward(x, residual, weight, bias, axis, eps, residual_dtype, num_threa
         x = np.ascontiguousarray(x)
     if not residual.flags.c_contiguous:
         residual = np.ascontiguousarray(residual)
-    stat = _stat_dtype(h_dtype)
+    stat = _dtypes.ACCUMULATOR[h_dtype]
     new_y, new_stat = _makers(M * N, pair.x, M, stat)
     fresh = fresh_h = False
     if y is None:
@@ -98,25 +66,16 @@ def _add_forward(x, residual, weight, bias, axis, eps, residual_dtype, num_threa
 def _add_backward(dy, h, mean, rstd, weight, dh, axis, num_threads, out, center, names):
     dy = _input(dy, "dy")
     h = _input(h, "h")
-    if h.shape != dy.shape:
-        raise ValueError(f"cynorm: h must have the shape of dy, {dy.shape}, got {h.shape}")
     ax, M, N, norm_shape, stat_shape = _layout(dy, axis)
     pair, weight, _ = _params(dy.dtype, norm_shape, weight, None)
-    if h.dtype != pair.x and not (h.dtype == _dtypes.F32 and pair.x in _WIDE_OK):
-        raise TypeError(f"cynorm: h must have dy's dtype ({_dtypes.dtype_name(pair.x)})"
-                        f"{' or float32' if pair.x in _WIDE_OK else ''}, got {_dtypes.dtype_name(h.dtype)}")
-    h_dtype = h.dtype
+    h_dtype = _checks.h_of(h.shape, h.dtype, dy.shape, dy.dtype)
     if dh is not None:
         dh = _input(dh, "dh")
-        if dh.shape != h.shape:
-            raise ValueError(f"cynorm: dh must have the shape of h, {h.shape}, got {dh.shape}")
-        if dh.dtype != h_dtype:
-            raise TypeError(f"cynorm: dh must have h's dtype, {_dtypes.dtype_name(h_dtype)}, "
-                            f"got {_dtypes.dtype_name(dh.dtype)}")
-    stat = _stat_dtype(h_dtype)
+        _checks.like("dh", dh.shape, dh.dtype, "h", h.shape, h_dtype)
+    stat = _dtypes.ACCUMULATOR[h_dtype]
     if center:
-        mean = _stats(mean, "mean", h.shape, stat_shape, ax, stat)
-    rstd = _stats(rstd, "rstd", h.shape, stat_shape, ax, stat)
+        mean = _stats(mean, "mean", h.shape, ax, stat)
+    rstd = _stats(rstd, "rstd", h.shape, ax, stat)
     T = resolve_num_threads(num_threads)
     dsum = dweight = dbias = None
     dsum_dtype = h_dtype

@@ -4,7 +4,8 @@ The orchestration (cynorm._core) is compiled once, at baseline flags. Each
 level's row kernels are separate C units compiled with that level's flags,
 each exporting one table of function pointers; _core calls a level's
 functions only after use_level(), which this module calls once the CPU (and
-the OS, via XGETBV) are known to support the level.
+the OS, via XGETBV) are known to support the level. The levels, their order
+and the features each needs come from meson.build's table (_core.tables()).
 
 ``CYNORM_ISA=<level>`` forces a level; an unknown level or one this CPU cannot
 run makes ``import cynorm`` fail with a message that lists the choices.
@@ -13,20 +14,13 @@ run makes ``import cynorm`` fail with a message that lists the choices.
 import contextlib
 import os
 
-from . import _core, _cpuinfo
+from . import _core
 
-#: Levels from lowest to highest.
-LEVELS = ("baseline", "avx2", "avx512", "avx512_bf16")
-
-_AVX2 = frozenset({"avx2", "fma", "f16c"})
-_AVX512 = _AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
+_TABLE = _core.tables()["levels"]
+#: Every level of the table, lowest (least preferred) first.
+LEVELS = tuple(row["name"] for row in _TABLE)
 #: CPU features each level needs.
-REQUIRED_FEATURES = {
-    "baseline": frozenset(),
-    "avx2": _AVX2,
-    "avx512": _AVX512,
-    "avx512_bf16": _AVX512 | {"avx512_bf16"},
-}
+REQUIRED_FEATURES = {row["name"]: frozenset(row["features"]) for row in _TABLE}
 
 ENV_VAR = "CYNORM_ISA"
 #: comma list of features to pretend this CPU lacks (for testing fallbacks)
@@ -37,7 +31,7 @@ def cpu_features():
     """SIMD features that this CPU and OS support (a frozenset of names), minus
     any listed in CYNORM_CPU_MASK."""
     masked = {f.strip() for f in os.environ.get(MASK_VAR, "").split(",") if f.strip()}
-    return _cpuinfo.features() - masked
+    return _core.cpu_features() - masked
 
 
 def compiled_levels():

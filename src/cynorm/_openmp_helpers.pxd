@@ -8,7 +8,6 @@ cdef extern from *:
     #else
     #define CN_OPENMP 0
     static int omp_get_max_threads(void) { return 1; }
-    static int omp_get_thread_num(void) { return 0; }
     static int omp_get_num_threads(void) { return 1; }
     static int omp_get_num_procs(void) { return 1; }
     static int omp_in_parallel(void) { return 0; }
@@ -16,7 +15,6 @@ cdef extern from *:
     """
     bint CN_OPENMP
     int omp_get_max_threads() noexcept nogil
-    int omp_get_thread_num() noexcept nogil
     int omp_get_num_threads() noexcept nogil
     int omp_get_num_procs() noexcept nogil
     bint omp_in_parallel() noexcept nogil

@@ -43,7 +43,7 @@ try:
 except ImportError as exc:  # pragma: no cover - the extra is missing
     raise ImportError("cynorm.dask needs dask: pip install 'cynorm[dask]'") from exc
 
-from . import _api, _core, _dtypes, _fused, _isa
+from . import _api, _checks, _core, _dtypes, _fused, _isa
 from ._threads import resolve_num_threads
 
 __all__ = ["layer_norm", "layer_norm_forward", "layer_norm_backward",
@@ -74,27 +74,21 @@ def _as_dask(a, name):
     return da.from_array(arr, chunks=arr.shape or ())
 
 
-def _param(p, name, norm_shape):
+def _param(p, name):
+    """weight or bias as a dask array in one chunk (shape and dtype: _checks.params)."""
     if p is None:
         return None
     p = _as_dask(p, name)
-    if tuple(p.shape) != norm_shape:
-        raise ValueError(f"cynorm: {name} must have shape x.shape[axis:] = {norm_shape}, got {tuple(p.shape)}")
     return p.rechunk(-1) if p.numblocks != (1,) * p.ndim else p
 
 
 def _layout(x, axis):
     """(axis in [0, ndim), rows M, columns N, normalized shape); x's chunks checked."""
-    if x.ndim == 0:
-        raise ValueError("cynorm: x must have at least one dimension, got a 0-d array")
-    _dtypes.check_x_dtype(x.dtype)
-    ax = _api._axis(axis, x.ndim)
+    _checks.x_dtype(x.dtype)
     if any(math.isnan(s) for s in x.shape):
         raise ValueError("cynorm: x has unknown chunk sizes; call x.compute_chunk_sizes() first")
-    norm_shape = tuple(x.shape[ax:])
-    if 0 in norm_shape:
-        raise ValueError(f"cynorm: the normalized dimensions x.shape[axis:] = {norm_shape} have zero size")
-    return ax, math.prod(x.shape[:ax]), math.prod(norm_shape), norm_shape
+    ax, M, N, norm_shape, _ = _checks.layout(x.shape, axis)
+    return ax, M, N, norm_shape
 
 
 def _whole_norm_axes(a, ax, name):
@@ -108,19 +102,11 @@ def _whole_norm_axes(a, ax, name):
     return a.rechunk({k: -1 for k in split})
 
 
-def _pair(x, weight, bias):
-    if weight is not None and bias is not None and weight.dtype != bias.dtype:
-        raise TypeError(f"cynorm: weight and bias must have the same dtype, got {weight.dtype} and {bias.dtype}")
-    given = weight if weight is not None else bias
-    return _dtypes.resolve(np.dtype(x.dtype), None if given is None else np.dtype(given.dtype))
-
-
 def block_rows(shape, axis=-1, dtype=np.float32):
     """Rows per dweight/dbias block for x of this shape and dtype: row chunks in
     multiples of it keep the exact backward from rechunking."""
-    ax = _api._axis(axis, len(shape))
-    M, N = math.prod(shape[:ax]), math.prod(shape[ax:])
-    return _core.block_rows(M, N, 8 if np.dtype(dtype) == _dtypes.F64 else 4)
+    _, M, N, _, _ = _checks.layout(shape, axis)
+    return _core.block_rows(M, N, _dtypes.ACCUMULATOR[_checks.x_dtype(dtype, "dtype")].itemsize)
 
 
 # -------------------------------------------------------------- forward --
@@ -143,17 +129,16 @@ def _forward(x, weight, bias, axis, eps, num_threads, center, residual=None, res
     """residual given: the fused forward, (y, h, mean, rstd)."""
     x = _as_dask(x, "x")
     ax, M, N, norm_shape = _layout(x, axis)
-    weight, bias = _param(weight, "weight", norm_shape), _param(bias, "bias", norm_shape)
-    pair = _pair(x, weight, bias)
-    eps = _api._eps(eps)
-    if num_threads is not None:
-        resolve_num_threads(num_threads)
+    weight, bias = _param(weight, "weight"), _param(bias, "bias")
+    pair = _checks.params(np.dtype(x.dtype), norm_shape, weight, bias)
+    eps = _checks.eps(eps)
+    _checks.num_threads(num_threads)
     x = _whole_norm_axes(x, ax, "x")
     ind = tuple(range(x.ndim))
     fused = residual is not None
     if fused:
         residual = _as_dask(residual, "residual")
-        h_dtype = _fused._check_residual(x.shape, pair.x, residual.shape, residual.dtype, residual_dtype)
+        h_dtype = _checks.residual(x.shape, pair.x, residual.shape, residual.dtype, residual_dtype)
         residual = residual.rechunk(x.chunks)
     args = [x, ind, residual, ind if fused else None]
     for p in (weight, bias):
@@ -163,7 +148,7 @@ def _forward(x, weight, bias, axis, eps, num_threads, center, residual=None, res
                          h_dtype=h_dtype if fused else None, token=f"cynorm-{norm}-forward",
                          meta=np.empty((0,) * x.ndim, object), dtype=object, concatenate=True)
     stat_chunks = x.chunks[:ax] + ((1,),) * (x.ndim - ax)
-    stat = _dtypes.F64 if (h_dtype if fused else pair.x) == _dtypes.F64 else pair.stat
+    stat = _dtypes.ACCUMULATOR[h_dtype if fused else pair.x]
     y = parts.map_blocks(_pick, 0, chunks=x.chunks, dtype=pair.x, meta=np.empty((0,) * x.ndim, pair.x),
                          token=f"cynorm-{norm}-y")
     k = 1 + fused
@@ -217,21 +202,12 @@ def _sum_blocks(partials, grad_dtype):
     total = partials[0].copy()
     for row in partials[1:]:     # sequential, in block order: the kernel's order
         total += row
-    if grad_dtype.itemsize != 2:
-        return total.astype(grad_dtype)
-    out = np.empty(total.shape, np.uint16)
-    (_isa.kernels.f32_to_bf16 if grad_dtype == _dtypes.BF16 else _isa.kernels.f32_to_f16)(total, out)
-    return out.view(grad_dtype)
+    return _dtypes.round_float32(total, grad_dtype)
 
 
 def _stats_2d(s, name, x, ax, M, stat_dtype):
     s = _as_dask(s, name)
-    stat_shape = tuple(x.shape[:ax]) + (1,) * (x.ndim - ax)
-    if tuple(s.shape) not in (stat_shape, tuple(x.shape[:ax])):
-        raise ValueError(f"cynorm: {name} must have shape {stat_shape} (or {tuple(x.shape[:ax])}), got {tuple(s.shape)}")
-    if s.dtype != stat_dtype:
-        raise TypeError(f"cynorm: {name} must have dtype {_dtypes.dtype_name(stat_dtype)} for x of dtype "
-                        f"{_dtypes.dtype_name(x.dtype)}, got {_dtypes.dtype_name(s.dtype)}")
+    _checks.stats(name, s.shape, s.dtype, x.shape, ax, stat_dtype)
     return s.reshape(M, 1)
 
 
@@ -239,30 +215,23 @@ def _backward(dy, x, mean, rstd, weight, axis, num_threads, center, fused=False,
     """fused: x is h of the fused forward, dh (or None) is added to dx."""
     x, dy = _as_dask(x, "x"), _as_dask(dy, "dy")
     ax, M, N, norm_shape = _layout(x, axis)
-    if tuple(dy.shape) != tuple(x.shape):
-        raise ValueError(f"cynorm: dy must have the shape of {'h' if fused else 'x'}, {x.shape}, got {dy.shape}")
-    wide_h = fused and x.dtype == _dtypes.F32 and dy.dtype in (_dtypes.BF16, _dtypes.F16)
-    if dy.dtype != x.dtype and not wide_h:
-        raise TypeError(f"cynorm: dy must have the dtype of {'h' if fused else 'x'}, {_dtypes.dtype_name(x.dtype)}, "
-                        f"got {_dtypes.dtype_name(dy.dtype)}")
-    weight = _param(weight, "weight", norm_shape)
-    pair = _pair(dy, weight, None)
-    if num_threads is not None:
-        resolve_num_threads(num_threads)
-    stat = _dtypes.F64 if x.dtype == _dtypes.F64 else _dtypes.F32
+    if fused:   # x is h: dy's dtype or its accumulator's
+        _checks.h_of(x.shape, x.dtype, dy.shape, dy.dtype)
+    else:
+        _checks.like("dy", dy.shape, dy.dtype, "x", x.shape, x.dtype)
+    weight = _param(weight, "weight")
+    pair = _checks.params(_checks.x_dtype(dy.dtype, "dy"), norm_shape, weight, None)
+    _checks.num_threads(num_threads)
+    stat = _dtypes.ACCUMULATOR[np.dtype(x.dtype)]
     mean2 = _stats_2d(mean, "mean", x, ax, M, stat) if center else None
     rstd2 = _stats_2d(rstd, "rstd", x, ax, M, stat)
     if dh is not None:
         dh = _as_dask(dh, "dh")
-        if tuple(dh.shape) != tuple(x.shape):
-            raise ValueError(f"cynorm: dh must have the shape of h, {x.shape}, got {dh.shape}")
-        if dh.dtype != x.dtype:
-            raise TypeError(f"cynorm: dh must have h's dtype, {_dtypes.dtype_name(x.dtype)}, "
-                            f"got {_dtypes.dtype_name(dh.dtype)}")
+        _checks.like("dh", dh.shape, dh.dtype, "h", x.shape, x.dtype)
     x_chunks = x.chunks
     x2 = _whole_norm_axes(x, ax, "x").reshape(M, N)
     dy2 = _whole_norm_axes(dy, ax, "dy").reshape(M, N)
-    acc = np.dtype(np.float64 if x.dtype == _dtypes.F64 else np.float32)
+    acc = stat
     B = _core.block_rows(M, N, acc.itemsize)
     rows = _aligned_chunks(x2.chunks[0], B, M)
     x2, dy2, rstd2 = x2.rechunk((rows, N)), dy2.rechunk((rows, N)), rstd2.rechunk((rows, 1))

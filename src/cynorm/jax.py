@@ -37,9 +37,7 @@ try:
 except ImportError as exc:  # pragma: no cover - the extra is missing
     raise ImportError("cynorm.jax needs jax: pip install 'cynorm[jax]'") from exc
 
-from . import _core, _dtypes
-from ._api import _axis, _eps
-from ._threads import MAX_THREADS
+from . import _checks, _core, _dtypes
 
 __all__ = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"]
 
@@ -48,34 +46,17 @@ for _name, _capsule in _core.xla_targets().items():
 
 
 def _threads(num_threads):
-    if num_threads is None:
-        return 0
-    if isinstance(num_threads, bool) or not isinstance(num_threads, (int, np.integer)):
-        raise TypeError(f"num_threads must be an int >= 1 or None, got {type(num_threads).__name__}")
-    if not 1 <= num_threads <= MAX_THREADS:
-        raise ValueError(f"num_threads must be in 1..{MAX_THREADS} (or None for the default), got {num_threads}")
-    return int(num_threads)
+    n = _checks.num_threads(num_threads)
+    return 0 if n is None else n
 
 
 def _check(x, weight, bias, axis, eps):
-    """Validate as the NumPy API does; returns (axis in [0, ndim), stats dtype)."""
-    if x.ndim == 0:
-        raise ValueError("cynorm: x must have at least one dimension, got a 0-d array")
-    axis = _axis(axis, x.ndim)
-    norm_shape = tuple(x.shape[axis:])
-    xd = np.dtype(x.dtype)
-    _dtypes.check_x_dtype(xd)
-    for name, p in (("weight", weight), ("bias", bias)):
-        if p is not None and tuple(p.shape) != norm_shape:
-            raise ValueError(f"cynorm: {name} must have shape x.shape[axis:] = {norm_shape}, got {tuple(p.shape)}")
-    if weight is not None and bias is not None and weight.dtype != bias.dtype:
-        raise TypeError(f"cynorm: weight and bias must have the same dtype, got {weight.dtype} and {bias.dtype}")
-    given = weight if weight is not None else bias
-    pair = _dtypes.resolve(xd, None if given is None else np.dtype(given.dtype))
-    if eps is not None and not (eps >= 0.0 and np.isfinite(eps)):
-        raise ValueError(f"cynorm: eps must be finite and >= 0, got {eps!r}")
-    if 0 in norm_shape:
-        raise ValueError(f"cynorm: the normalized dimensions x.shape[axis:] = {norm_shape} have zero size")
+    """Validate as the NumPy API does (cynorm._checks); returns (axis in [0, ndim), stats dtype)."""
+    xd = _checks.x_dtype(x.dtype)
+    axis, _, _, norm_shape, _ = _checks.layout(x.shape, axis)
+    pair = _checks.params(xd, norm_shape, weight, bias)
+    if eps is not None:
+        _checks.eps(eps)
     return axis, pair.stat
 
 
@@ -100,7 +81,7 @@ def _grad_results(grad_in, x_dtype, weight, center):
     dweight (and dbias for LayerNorm) in the pair's gradient dtype."""
     results = [jax.ShapeDtypeStruct(grad_in.shape, grad_in.dtype)]
     if weight is not None:
-        results += [jax.ShapeDtypeStruct(weight.shape, _dtypes.resolve(np.dtype(x_dtype), np.dtype(weight.dtype)).grad)]
+        results += [jax.ShapeDtypeStruct(weight.shape, _checks.pair(np.dtype(x_dtype), np.dtype(weight.dtype)).grad)]
         if center:
             results.append(results[-1])
     return results
@@ -144,8 +125,10 @@ def _jitted(x, weight, bias, axis, eps, center, num_threads):
 
 
 def _static_axis(axis):
+    """axis as a plain int (a static argument of the jitted function): an int is checked
+    against x's rank inside, by _check, with the NumPy API's message."""
     if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
-        raise TypeError(f"cynorm: axis must be an int, got {type(axis).__name__}")
+        _checks.axis(axis, 1)   # raises the NumPy API's TypeError
     return int(axis)
 
 
@@ -156,31 +139,28 @@ def _as_array(a):
 def layer_norm(x, weight=None, bias=None, *, axis=-1, eps=1e-5, num_threads=None):
     """LayerNorm over ``x.shape[axis:]`` as a differentiable JAX function (see the module docstring);
     arguments as ``cynorm.layer_norm``. Returns y with x's dtype."""
-    return _jitted(_as_array(x), _as_array(weight), _as_array(bias), axis=_static_axis(axis), eps=_eps(eps),
+    return _jitted(_as_array(x), _as_array(weight), _as_array(bias), axis=_static_axis(axis), eps=_checks.eps(eps),
                    center=True, num_threads=_threads(num_threads))
 
 
 def rms_norm(x, weight=None, *, axis=-1, eps=1e-6, num_threads=None):
     """RMSNorm over ``x.shape[axis:]`` as a differentiable JAX function; arguments as
     ``cynorm.rms_norm``. Returns y with x's dtype."""
-    return _jitted(_as_array(x), _as_array(weight), None, axis=_static_axis(axis), eps=_eps(eps), center=False,
+    return _jitted(_as_array(x), _as_array(weight), None, axis=_static_axis(axis), eps=_checks.eps(eps), center=False,
                    num_threads=_threads(num_threads))
 
 
 # ------------------------------------------------- fused residual add + norm --
 
 def _stream(x, residual, residual_dtype):
-    """h's dtype, with residual's shape and dtype checked as cynorm._fused checks them."""
-    from ._fused import _check_residual
-    xd = np.dtype(x.dtype)
-    _dtypes.check_x_dtype(xd)
-    return _check_residual(x.shape, xd, residual.shape, residual.dtype, residual_dtype)
+    """h's dtype, with residual's shape and dtype checked as the NumPy API checks them."""
+    return _checks.residual(x.shape, _checks.x_dtype(x.dtype), residual.shape, residual.dtype, residual_dtype)
 
 
 def _add_forward(x, residual, weight, bias, axis, eps, center, h_dtype, num_threads):
     axis, _ = _check(x, weight, bias, axis, eps)
     hd = np.dtype(h_dtype)
-    stat = _dtypes.F64 if hd == _dtypes.F64 else _dtypes.F32
+    stat = _dtypes.ACCUMULATOR[hd]
     stat_shape = tuple(x.shape[:axis]) + (1,) * (x.ndim - axis)
     results = [jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(x.shape, hd)]
     results += [jax.ShapeDtypeStruct(stat_shape, stat)] * (2 if center else 1)
@@ -240,7 +220,7 @@ def add_layer_norm(x, residual, weight=None, bias=None, *, axis=-1, eps=1e-5, re
     cast to their dtypes."""
     x, residual = _as_array(x), _as_array(residual)
     hd = _stream(x, residual, residual_dtype)
-    return _add_jitted(x, residual, _as_array(weight), _as_array(bias), axis=_static_axis(axis), eps=_eps(eps),
+    return _add_jitted(x, residual, _as_array(weight), _as_array(bias), axis=_static_axis(axis), eps=_checks.eps(eps),
                        center=True, h_dtype=hd.name, num_threads=_threads(num_threads))
 
 
@@ -248,5 +228,5 @@ def add_rms_norm(x, residual, weight=None, *, axis=-1, eps=1e-6, residual_dtype=
     """``h = x + residual``, then RMSNorm of h: ``(y, h)``, as add_layer_norm."""
     x, residual = _as_array(x), _as_array(residual)
     hd = _stream(x, residual, residual_dtype)
-    return _add_jitted(x, residual, _as_array(weight), None, axis=_static_axis(axis), eps=_eps(eps), center=False,
+    return _add_jitted(x, residual, _as_array(weight), None, axis=_static_axis(axis), eps=_checks.eps(eps), center=False,
                        h_dtype=hd.name, num_threads=_threads(num_threads))

@@ -34,7 +34,7 @@ body (all documented, all within a few ulps):
 
 import numpy as np
 
-from . import _api, _dtypes
+from . import _api, _checks, _dtypes
 
 __all__ = ["layer_normalization", "rms_normalization"]
 
@@ -54,16 +54,12 @@ def _tensor(a, name):
 
 
 def _axis_and_stash(X, axis, stash_type, epsilon):
-    if X.ndim == 0:
-        raise ValueError("cynorm.onnx: X must have rank >= 1")
-    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
-        raise TypeError(f"cynorm.onnx: axis must be an int, got {type(axis).__name__}")
-    if not -X.ndim <= axis < X.ndim:
-        raise ValueError(f"cynorm.onnx: axis {axis} is out of range for X of rank {X.ndim}; expected "
-                         f"{-X.ndim} <= axis < {X.ndim}")
+    """(axis in [0, rank), the stash dtype, epsilon); X's rank, axis, the normalized
+    dims' size and epsilon checked as the NumPy API checks them."""
+    axis = _checks.layout(X.shape, axis)[0]
     if isinstance(stash_type, bool) or stash_type not in _STASH:
         raise ValueError(f"cynorm.onnx: stash_type must be 1 (float) or 16 (bfloat16), got {stash_type!r}")
-    return int(axis) % X.ndim, _STASH[stash_type], _api._eps(epsilon)
+    return axis, _STASH[stash_type], _checks.eps(epsilon)
 
 
 def _broadcast(p, X, axis, name):
@@ -78,19 +74,6 @@ def _broadcast(p, X, axis, name):
     return None, np.broadcast_to(p, X.shape)
 
 
-def _round_to(a, dtype):
-    """float32 -> dtype, rounded as cynorm rounds (nearest even; bfloat16 flushes float32 subnormals)."""
-    if a.dtype == dtype:
-        return a
-    if dtype.itemsize == 2 and a.dtype == _dtypes.F32:
-        from . import _isa
-        out = np.empty(a.shape, np.uint16)
-        src = np.ascontiguousarray(a)
-        (_isa.kernels.f32_to_bf16 if dtype == _dtypes.BF16 else _isa.kernels.f32_to_f16)(src, out)
-        return out.view(dtype)
-    return a.astype(dtype)
-
-
 def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1, num_threads=None):
     """ONNX LayerNormalization: ``(Y, Mean, InvStdDev)``. Y has X's type and shape;
     Mean and InvStdDev have shape ``X.shape[:axis] + (1,)*k`` and the stash type."""
@@ -102,8 +85,6 @@ def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1
         if p is not None and p.dtype != X.dtype:
             raise TypeError(f"cynorm.onnx: {name} must have X's type {_dtypes.dtype_name(X.dtype)} (T), got "
                             f"{_dtypes.dtype_name(p.dtype)}")
-    if 0 in X.shape[axis:]:
-        raise ValueError(f"cynorm.onnx: the normalized dimensions {X.shape[axis:]} have zero size")
     w, w_full = _broadcast(Scale, X, axis, "Scale")
     b, b_full = (None, None) if B is None else _broadcast(B, X, axis, "B")
     f32_stage_one = X.dtype == _dtypes.F64   # the stash types are float32 and bfloat16
@@ -117,7 +98,8 @@ def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1
         if B is not None:
             Y = Y + (b if b is not None else b_full)
         Y = np.ascontiguousarray(Y, dtype=X.dtype)
-    return Y, _round_to(mean.astype(_dtypes.F32), stash), _round_to(rstd.astype(_dtypes.F32), stash)
+    return (Y, _dtypes.round_float32(mean.astype(_dtypes.F32), stash),
+            _dtypes.round_float32(rstd.astype(_dtypes.F32), stash))
 
 
 def rms_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, num_threads=None):
@@ -125,8 +107,6 @@ def rms_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, num_thre
     X = _tensor(X, "X")
     scale = _tensor(scale, "scale")
     axis, stash, eps = _axis_and_stash(X, axis, stash_type, epsilon)
-    if 0 in X.shape[axis:]:
-        raise ValueError(f"cynorm.onnx: the normalized dimensions {X.shape[axis:]} have zero size")
     w, w_full = _broadcast(scale, X, axis, "scale")
     f32_stage_one = X.dtype == _dtypes.F64   # the stash types are float32 and bfloat16
     if w is not None and scale.dtype == X.dtype and not f32_stage_one:

@@ -6,8 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cn_order.h"
 #include "cn_policy.h"
-#include "cn_ops.h"
 
 /* An L3 this large is a mesh shared by many cores, which one core reads
  * slowly, unlike the 32 MB L3 of an AMD CCD. */
@@ -16,8 +16,6 @@
  * cache. Not a tunable: 16 KiB to 1 MiB ran alike on the Xeons we measured
  * (benchmarks/results/intel_spr/fused/fused_chunk_*.md). */
 #define CN_FUSED_CHUNK_BYTES ((int64_t)64 << 10)
-/* rows of short blocks taken together (kernels/cn_rowmath.h: SMALL_BLOCK) */
-#define CN_SMALL_BLOCK 16
 
 #define CN_TUNABLES_DEFAULT {                                                    \
     .min_elems_per_thread = 1 << 15, .oversubscribe = 0, .stream_min_bytes = 8 << 20,  \
@@ -67,17 +65,6 @@ cn_tunables cn_tunables_for(const cn_tunables *base, const cn_machine *m)
     return t;
 }
 
-int64_t cn_block_rows(int64_t M, int64_t N, int acc_size)
-{
-    /* at most 64 blocks of at least 8 rows (64 when a row's two partials
-     * exceed 256 KB), and at most 8M numbers of partials in all */
-    int64_t B = (M + 63) / 64;
-    const int64_t by_size = (M * N + (8 << 20) - 1) / (8 << 20);
-    const int64_t least = 2 * N * acc_size > (256 << 10) ? 64 : 8;
-    if (by_size > B) B = by_size;
-    return B > least ? B : least;
-}
-
 /* Threads worth using: small work stays on the calling thread; no more threads
  * than cores unless allowed; no nested team; concurrent calls share the cores. */
 int cn_threads_for(const cn_tunables *t, const cn_call *c)
@@ -105,13 +92,14 @@ static int streams(const cn_tunables *t, const cn_call *c)
     return c->x_size != 2 || c->N <= c->small_max || (c->out_addr % 16 == 0 && c->N % 8 == 0);
 }
 
-/* Rows per group of long rows: as many as fit in long_group_bytes, at most 16;
- * rows too long for 4 of them to fit go 16 at a time with one thread, 4 with more. */
+/* Rows per group of long rows: as many as fit in long_group_bytes, at most
+ * CN_LONG_GROUP_MAX; rows too long for 4 of them to fit go CN_LONG_GROUP_MAX
+ * at a time with one thread, 4 with more. */
 static int64_t long_rows_per_group(const cn_tunables *t, int64_t row_bytes, int threads)
 {
     const int64_t fit = t->long_group_bytes / row_bytes;
-    if (fit < 4) return threads == 1 ? 16 : 4;
-    return fit < 16 ? fit : 16;
+    if (fit < 4) return threads == 1 ? CN_LONG_GROUP_MAX : 4;
+    return min64(fit, CN_LONG_GROUP_MAX);
 }
 
 static void forward_policy(const cn_tunables *t, const cn_call *c, int T, cn_policy *p)
@@ -153,7 +141,7 @@ static void forward_policy(const cn_tunables *t, const cn_call *c, int T, cn_pol
     }
 }
 
-static void backward_policy(const cn_tunables *t, const cn_machine *m, const cn_call *c, int T, cn_policy *p)
+static void backward_policy(const cn_tunables *t, const cn_call *c, int T, cn_policy *p)
 {
     const int64_t M = c->M, N = c->N, row_bytes = N * c->x_size, pair_bytes = 2 * row_bytes;
     const int64_t part_bytes = N * c->acc_size;
@@ -183,13 +171,15 @@ static void backward_policy(const cn_tunables *t, const cn_machine *m, const cn_
         return;
     }
     p->path = CN_PATH_ROWS;
-    const int64_t RB = pair_bytes * 4 <= t->bwd_group_bytes ? 4 : pair_bytes * 2 <= t->bwd_group_bytes ? 2 : 1;
+    /* CN_ROW_GROUP_MAX rows, 2 or 1: as many as bwd_group_bytes holds */
+    const int64_t RB = pair_bytes * CN_ROW_GROUP_MAX <= t->bwd_group_bytes ? CN_ROW_GROUP_MAX
+                       : pair_bytes * 2 <= t->bwd_group_bytes ? 2 : 1;
     p->group_rows = RB;
     p->prefetch_rows = c->x_size >= 4 && pair_bytes * p->group_rows >= t->bwd_far_bytes ? 2 * p->group_rows
                                                                                       : p->group_rows;
     /* aligned 32-bit rows with partials, where the level streams several rows
      * at once: pass 1 only sums, pass 2 adds the rows into the partials */
-    p->late_parts = m->multirow_stream && c->x_size >= 4 && k > 0 && c->in_addr % 64 == 0 && row_bytes % 64 == 0;
+    p->late_parts = c->multirow_stream && c->x_size >= 4 && k > 0 && c->in_addr % 64 == 0 && row_bytes % 64 == 0;
     p->pass1_rows = p->late_parts ? 1 : RB;
     if (populate && !p->late_parts && c->x_size >= 4 && row_bytes >= t->bwd_plain_min_bytes) {
         p->populate = CN_POPULATE_SLABS;
@@ -213,7 +203,7 @@ cn_policy cn_policy_for(const cn_machine *m, const cn_call *c)
     p.pass1_rows = 1;
     p.slab_rows = 1;
     p.fused_rows = max64(CN_FUSED_CHUNK_BYTES / max64(c->N * c->x_size, 1), 1);
-    if (c->backward) backward_policy(t, m, c, T, &p);
+    if (c->backward) backward_policy(t, c, T, &p);
     else forward_policy(t, c, T, &p);
     return p;
 }

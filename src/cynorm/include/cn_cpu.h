@@ -1,16 +1,28 @@
 /*
- * cn_cpu.h -- which SIMD extensions this CPU *and* this OS support.
- * Compiled with baseline flags only (it runs before any variant is imported).
+ * cn_cpu.h -- which SIMD features this CPU *and* this OS support, by the
+ * names meson.build's table of ISA levels uses. Compiled into _core at
+ * baseline flags (it runs before any level is chosen).
  */
 #ifndef CN_CPU_H
 #define CN_CPU_H
 #include <stdint.h>
 
-enum {
-    CN_CPU_AVX2 = 1 << 0, CN_CPU_FMA = 1 << 1, CN_CPU_F16C = 1 << 2,
-    CN_CPU_AVX512F = 1 << 3, CN_CPU_AVX512BW = 1 << 4, CN_CPU_AVX512VL = 1 << 5,
-    CN_CPU_AVX512DQ = 1 << 6, CN_CPU_AVX512BF16 = 1 << 7,
-};
+/* The x86 features: X(name, CPUID leaf, subleaf, register (0 eax, 1 ebx, 2 ecx,
+ * 3 edx), bit, the XCR0 state bits the OS must save for it). */
+#define CN_FOR_EACH_X86_FEATURE(X)              \
+    X(avx2, 7, 0, 1, 5, 0x6)                    \
+    X(fma, 1, 0, 2, 12, 0x6)                    \
+    X(f16c, 1, 0, 2, 29, 0x6)                   \
+    X(avx512f, 7, 0, 1, 16, 0xe6)               \
+    X(avx512dq, 7, 0, 1, 17, 0xe6)              \
+    X(avx512bw, 7, 0, 1, 30, 0xe6)              \
+    X(avx512vl, 7, 0, 1, 31, 0xe6)              \
+    X(avx512_bf16, 7, 1, 0, 5, 0xe6)
+
+/* The features' names, in bit order: cn_cpu_features() sets bit i for name i. */
+#define CN_FEATURE_NAME(name, ...) #name,
+static const char *const cn_cpu_feature_names[] = {CN_FOR_EACH_X86_FEATURE(CN_FEATURE_NAME) NULL};
+#undef CN_FEATURE_NAME
 
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__) || defined(_M_IX86)
 #  if defined(_MSC_VER) && !defined(__clang__)
@@ -37,34 +49,28 @@ static uint64_t cn_xgetbv(void)
 }
 #  endif
 
-static int cn_cpu_features(void)
+/* Bit i set: the CPU has feature i (cn_cpu_feature_names) and the OS saves its state. */
+static uint64_t cn_cpu_features(void)
 {
     uint32_t r[4], max_leaf;
-    int f = 0;
-    uint64_t xcr0;
+    uint64_t f = 0, xcr0;
+    int i = 0;
     cn_cpuid(0, 0, r);
     max_leaf = r[0];
     if (max_leaf < 7) return 0;
     cn_cpuid(1, 0, r);
     if (!(r[2] & (1u << 27)) || !(r[2] & (1u << 28))) return 0; /* OSXSAVE and AVX */
     xcr0 = cn_xgetbv();
-    if ((xcr0 & 0x6) != 0x6) return 0;                          /* OS saves XMM/YMM */
-    if (r[2] & (1u << 12)) f |= CN_CPU_FMA;
-    if (r[2] & (1u << 29)) f |= CN_CPU_F16C;
-    cn_cpuid(7, 0, r);
-    if (r[1] & (1u << 5)) f |= CN_CPU_AVX2;
-    if ((xcr0 & 0xe0) == 0xe0) {                                /* OS saves opmask/ZMM */
-        if (r[1] & (1u << 16)) f |= CN_CPU_AVX512F;
-        if (r[1] & (1u << 17)) f |= CN_CPU_AVX512DQ;
-        if (r[1] & (1u << 30)) f |= CN_CPU_AVX512BW;
-        if (r[1] & (1u << 31)) f |= CN_CPU_AVX512VL;
-        cn_cpuid(7, 1, r);
-        if (r[0] & (1u << 5)) f |= CN_CPU_AVX512BF16;
-    }
+#define CN_FEATURE_TEST(name, leaf, sub, reg, bit, state)                          \
+    cn_cpuid(leaf, sub, r);                                                        \
+    if ((r[reg] & (1u << bit)) && (xcr0 & (state)) == (state)) f |= (uint64_t)1 << i; \
+    i++;
+    CN_FOR_EACH_X86_FEATURE(CN_FEATURE_TEST)
+#undef CN_FEATURE_TEST
     return f;
 }
 #else
-static int cn_cpu_features(void) { return 0; } /* non-x86: only the generic level */
+static uint64_t cn_cpu_features(void) { return 0; }   /* no x86 features elsewhere */
 #endif
 
 #endif /* CN_CPU_H */

@@ -2,15 +2,20 @@
  * cn_policy.h -- how a call runs: threads, path, stores, prefetch and group
  * sizes. Every such choice is made in one function, cn_policy_for()
  * (core/policy.c), from the machine's caches, the call's shape and its
- * thread count; the drivers (_core.pyx) and the row kernels (kernels/) only
+ * thread count; the drivers (_drivers.pxi) and the row kernels (kernels/) only
  * follow it. No choice here changes a result bit: the arithmetic order is
- * fixed by the constants in cn_ops.h. benchmarks/POLICY.md lists each tunable
+ * fixed by the constants in cn_order.h. benchmarks/POLICY.md lists each tunable
  * with the measurements behind it; cynorm.explain() shows a call's policy.
  */
 #ifndef CN_POLICY_H
 #define CN_POLICY_H
 
 #include <stdint.h>
+
+#include "cn_order.h"
+
+/* The most threads a call may ask for (num_threads; more is refused). */
+#define CN_MAX_THREADS 1024
 
 /* The tunables: the numbers the policy is made of (defaults in policy.c).
  * -1 where noted: derived from the caches. Tests and benchmarks/tunables.py
@@ -40,7 +45,6 @@ typedef struct {
  * tunables resolved for it (cn_machine_update, whenever either changes). */
 typedef struct {
     int64_t l2_bytes, l3_bytes;     /* 0: unknown */
-    int multirow_stream;            /* the level streams several rows at once (AVX-512) */
     cn_tunables tuned;              /* cn_tune with its cache-derived fields resolved */
 } cn_machine;
 
@@ -49,7 +53,8 @@ typedef struct {
     int backward;                   /* 0: forward, 1: backward */
     int64_t M, N;                   /* rows, elements per row */
     int x_size, acc_size;           /* bytes per element of x and of the accumulators */
-    int64_t small_max;              /* the level's in-register row limit */
+    int64_t small_max;              /* the in-register row limit */
+    int multirow_stream;            /* the kernel streams several rows at once (meson.build's ISA table) */
     int grads;                      /* backward: 0, 1 (dweight), 2 (dweight and dbias) */
     int64_t block_rows;             /* backward: rows per dweight block; 0: cn_block_rows(M, N) */
     int requested_threads;          /* >= 1 */
@@ -112,7 +117,5 @@ void cn_machine_update(cn_machine *m);
 /* The i-th tunable's name (NULL past the last) and its field in t. */
 const char *cn_tunable_name(int i);
 int64_t *cn_tunable_slot(cn_tunables *t, int i);
-/* Rows per dweight/dbias block: depends on M and N only (the reduction order). */
-int64_t cn_block_rows(int64_t M, int64_t N, int acc_size);
 
 #endif /* CN_POLICY_H */

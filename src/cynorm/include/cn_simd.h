@@ -1,5 +1,7 @@
 /*
- * cn_simd.h -- the only file in cynorm that uses SIMD intrinsics.
+ * cn_simd.h -- the kernels' SIMD intrinsics, a section per `simd` value of
+ * meson.build's table of ISA levels. (The only other intrinsics are the SSE2
+ * streaming copy of cn_pages.h, which the orchestration uses too.)
  *
  * It gives the kernels two vector types and a few operations on them:
  *   cn_vf : fp32 lanes (used for float32, bfloat16 and float16 data)
@@ -7,11 +9,13 @@
  * plus loads and stores between those lanes and every storage format, with
  * tails (the first n lanes only), and fixed-order horizontal sums.
  *
- * The same source is compiled once per ISA level; the level is picked from the
- * compiler flags of that translation unit (never from -march=native):
- *   AVX-512 (F/BW/VL/DQ) [+ AVX512_BF16]  |  AVX2 + FMA + F16C  |  generic C
- * The generic path is plain C that any compiler can auto-vectorize; it is the
- * x86-64 baseline and the path for every other architecture.
+ * The same source is compiled once per ISA level, with that level's flags and
+ * -DCN_LEVEL=<name>; the level's row of the table picks the section (never
+ * -march=native): avx512 (F/BW/VL/DQ, + BF16 where the level has hw_bf16) |
+ * avx2 (+ FMA, F16C) | generic. The generic section is plain C that any
+ * compiler can auto-vectorize; it serves the baseline level, every
+ * architecture without a section of its own, and the units compiled without
+ * a level (the orchestration).
  *
  * Rounding contract (identical on every path, tested bit for bit):
  *   fp32 -> bf16 : round to nearest even; NaN stays NaN (made quiet, sign and top
@@ -28,26 +32,34 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cn_tables.h"
+
 /* ------------------------------------------------------------------ ISA -- */
-#if !defined(CN_FORCE_GENERIC) && defined(__AVX512F__) && defined(__AVX512BW__) \
-    && defined(__AVX512VL__) && defined(__AVX512DQ__)
-#  define CN_AVX512 1
-#  if defined(__AVX512BF16__)
-#    define CN_HW_BF16 1
-#    define CN_ISA_NAME "avx512_bf16"
-#    define CN_ISA_ID 3
-#  else
-#    define CN_ISA_NAME "avx512"
-#    define CN_ISA_ID 2
+#define CN_STR_(x) #x
+#define CN_STR(x) CN_STR_(x)
+#if defined(CN_LEVEL)
+#  define CN_SIMD CN_LEVEL_FIELD(SIMD, CN_LEVEL)
+#  define CN_HW_BF16 CN_LEVEL_FIELD(HW_BF16, CN_LEVEL)
+#  define CN_MULTIROW_STREAM CN_LEVEL_FIELD(MULTIROW_STREAM, CN_LEVEL)
+#  define CN_ISA_NAME CN_STR(CN_LEVEL)
+#else
+#  define CN_SIMD CN_SIMD_generic
+#  define CN_HW_BF16 0
+#  define CN_MULTIROW_STREAM 0
+#endif
+#if CN_SIMD == CN_SIMD_avx512
+#  if !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)) \
+      || (CN_HW_BF16 && !defined(__AVX512BF16__))
+#    error "this unit's compiler flags do not enable its level's instructions (meson.build's table)"
 #  endif
-#elif !defined(CN_FORCE_GENERIC) && defined(__AVX2__) && (defined(__FMA__) || defined(_MSC_VER))
+#  define CN_AVX512 1
+#elif CN_SIMD == CN_SIMD_avx2
+#  if !(defined(__AVX2__) && (defined(__FMA__) || defined(_MSC_VER)))
+#    error "this unit's compiler flags do not enable its level's instructions (meson.build's table)"
+#  endif
 #  define CN_AVX2 1
-#  define CN_ISA_NAME "avx2"
-#  define CN_ISA_ID 1
 #else
 #  define CN_GENERIC 1
-#  define CN_ISA_NAME "baseline"
-#  define CN_ISA_ID 0
 #endif
 
 #if defined(_MSC_VER) && !defined(__clang__)
@@ -148,6 +160,24 @@ CN_INLINE cn_f16 cn_f32_to_f16(float f)
     }
 }
 
+/* scalars between each storage and the accumulator: cn_scalar_from_<kernel>,
+ * cn_scalar_to_<kernel> (from double: rounded once to float32 first for 16-bit) */
+CN_INLINE float cn_scalar_from_f32(float v) { return v; }
+CN_INLINE double cn_scalar_from_f64(double v) { return v; }
+CN_INLINE float cn_scalar_from_bf16(cn_bf16 v) { return cn_bf16_to_f32(v); }
+CN_INLINE float cn_scalar_from_f16(cn_f16 v) { return cn_f16_to_f32(v); }
+CN_INLINE float cn_scalar_to_f32(double v) { return (float)v; }
+CN_INLINE double cn_scalar_to_f64(double v) { return v; }
+CN_INLINE cn_bf16 cn_scalar_to_bf16(double v) { return cn_f32_to_bf16((float)v); }
+CN_INLINE cn_f16 cn_scalar_to_f16(double v) { return cn_f32_to_f16((float)v); }
+
+/* The lanes that accumulate for each accumulator kernel of meson.build's table
+ * (CN_LANES_<kernel>: cn_vf or cn_vd), and their width (CN_WIDTH_vf/vd). */
+#define CN_LANES_f32 vf
+#define CN_LANES_f64 vd
+#define CN_WIDTH_vf CN_VF_LANES
+#define CN_WIDTH_vd CN_VD_LANES
+
 /* =================================================================== AVX-512 */
 #if defined(CN_AVX512)
 
@@ -185,7 +215,7 @@ CN_INLINE cn_vf cn_vf_from_bf16_bits(__m256i h)
 }
 CN_INLINE __m256i cn_vf_to_bf16_bits(cn_vf v)
 {
-#if defined(CN_HW_BF16)
+#if CN_HW_BF16
     /* VCVTNEPS2BF16: RNE, quiet NaN, subnormal inputs flushed -- same as the scalar path */
     return (__m256i)_mm512_cvtneps_pbh(v);
 #else
@@ -410,21 +440,27 @@ CN_INLINE __m256 cn_bf16_unusual(__m256 v)
     return _mm256_cmp_ps(_mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff))),
                          _mm256_set1_ps(1.17549435e-38f), _CMP_NGE_UQ);
 }
-/* 16 bf16, in order: one pack and one permute for both halves, and the exact
- * path only when a lane needs it (a third less time per element) */
+/* 16 bf16 from two registers of 8, in order: one pack and one permute (the
+ * values fit in 16 bits, so the saturating pack is exact) */
+#define CN_PACK_BF16(lo, hi) _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8)
+#if defined(_MSC_VER) && !defined(__clang__)
+#  define CN_COLD static __declspec(noinline)
+#else
+#  define CN_COLD static __attribute__((noinline, cold))
+#endif
+/* Every lane rounded exactly: rare (a NaN or an fp32 subnormal among 16 lanes),
+ * so out of line. Inlined into every store, it made the AVX2 bf16 units the
+ * build's largest (benchmarks/README.md, build size). */
+CN_COLD __m256i cn_vf_to_bf16_bits_exact(cn_vf v)
+{
+    return CN_PACK_BF16(cn_bf16_lanes_exact(v.lo), cn_bf16_lanes_exact(v.hi));
+}
+/* round to nearest even alone unless a lane needs the exact path (a third less time per element) */
 CN_INLINE __m256i cn_vf_to_bf16_bits(cn_vf v)
 {
     __m256 odd = _mm256_or_ps(cn_bf16_unusual(v.lo), cn_bf16_unusual(v.hi));
-    __m256i ra, rb;
-    if (CN_UNLIKELY(!_mm256_testz_ps(odd, odd))) {
-        ra = cn_bf16_lanes_exact(v.lo);
-        rb = cn_bf16_lanes_exact(v.hi);
-    } else {
-        ra = cn_bf16_lanes_plain(v.lo);
-        rb = cn_bf16_lanes_plain(v.hi);
-    }
-    /* pack 2 x 8 x u32 -> 16 x u16 (values fit, so the saturating pack is exact) */
-    return _mm256_permute4x64_epi64(_mm256_packus_epi32(ra, rb), 0xD8);
+    if (CN_UNLIKELY(!_mm256_testz_ps(odd, odd))) return cn_vf_to_bf16_bits_exact(v);
+    return CN_PACK_BF16(cn_bf16_lanes_plain(v.lo), cn_bf16_lanes_plain(v.hi));
 }
 CN_INLINE cn_vf cn_vf_load_bf16(const cn_bf16 *p) { return cn_vf_from_bf16_bits(_mm256_loadu_si256((const __m256i *)p)); }
 CN_INLINE cn_vf cn_vf_loadn_bf16(const cn_bf16 *p, int64_t n) { return cn_vf_from_bf16_bits(cn_load16n(p, n)); }

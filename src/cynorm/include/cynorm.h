@@ -26,7 +26,14 @@
 extern "C" {
 #endif
 
-#define CYNORM_ABI_VERSION 2   /* 2: add_forward / add_backward */
+/* The version of the function table below (cynorm_api). Compatibility: the
+ * table only grows -- a new version appends functions and never changes or
+ * removes one -- so a module built against version k runs with any cynorm
+ * whose table has a version >= k (cynorm_import checks just that), and uses
+ * the functions of version k only.
+ *   1: forward, backward, error_string, block_rows
+ *   2: add_forward, add_backward */
+#define CYNORM_ABI_VERSION 2
 
 enum cynorm_dtype { CYNORM_F32 = 0, CYNORM_F64 = 1, CYNORM_BF16 = 2, CYNORM_F16 = 3, CYNORM_NO_PARAMS = -1 };
 enum cynorm_norm { CYNORM_LAYER_NORM = 0, CYNORM_RMS_NORM = 1 };
@@ -89,7 +96,8 @@ typedef struct {
     int (*forward)(const cynorm_desc *d, const cynorm_fwd_bufs *b);   /* returns a cynorm_status */
     int (*backward)(const cynorm_desc *d, const cynorm_bwd_bufs *b);
     const char *(*error_string)(int status);
-    int64_t (*block_rows)(int64_t rows, int64_t cols, int x_dtype);   /* the canonical dweight block */
+    int64_t (*block_rows)(int64_t rows, int64_t cols, int x_dtype);   /* the canonical dweight block
+                                                                          (-1: x_dtype unknown) */
     int (*add_forward)(const cynorm_add_desc *d, const cynorm_add_fwd_bufs *b);     /* ABI 2 */
     int (*add_backward)(const cynorm_add_desc *d, const cynorm_add_bwd_bufs *b);   /* ABI 2 */
 } cynorm_api;
@@ -97,13 +105,15 @@ typedef struct {
 #define CYNORM_CAPSULE "cynorm._core._C_API"
 
 #if defined(Py_PYTHON_H)
-/* The function table, from the capsule cynorm._core._C_API (imports cynorm). */
+/* The function table, from the capsule cynorm._core._C_API (imports cynorm):
+ * NULL and an ImportError when that cynorm's table is older than this header's. */
 static inline const cynorm_api *cynorm_import(void)
 {
     const cynorm_api *api = (const cynorm_api *)PyCapsule_Import(CYNORM_CAPSULE, 0);
-    if (api != NULL && api->abi_version != CYNORM_ABI_VERSION) {
-        PyErr_Format(PyExc_ImportError, "cynorm C API version %d, this module was built for %d",
-                     api->abi_version, CYNORM_ABI_VERSION);
+    if (api != NULL && api->abi_version < CYNORM_ABI_VERSION) {
+        PyErr_Format(PyExc_ImportError,
+                     "cynorm's C API has version %d; this module was built for version %d or later "
+                     "(upgrade cynorm)", api->abi_version, CYNORM_ABI_VERSION);
         return NULL;
     }
     return api;

@@ -2,7 +2,7 @@
  * cn_bwd.h -- the backward's drivers: which rows and columns go through the
  * gradient terms of cn_rowmath.h in which order. bwd_rows takes whole rows of
  * one block (short rows in registers, longer ones in two passes); the team
- * path in _core.pyx splits long rows across threads with bwd_chunk and
+ * path in _drivers.pxi splits long rows across threads with bwd_chunk and
  * bwd_apply, in the same order, so both give the same bits.
  */
 
@@ -51,7 +51,7 @@ static void bwd_chunk_rows(const cn_bwd_args *a, int64_t r, int R, int64_t c0, i
 static void bwd_chunk(const cn_bwd_args *a, int64_t r, int R, int64_t c0, int64_t c1, double *s1, double *s2,
                       int64_t stride, void *dwp, void *dbp, int init, int64_t pfo, int64_t npf)
 {
-    at t1[4], t2[4];
+    at t1[CN_ROW_GROUP_MAX], t2[CN_ROW_GROUP_MAX];
     bwd_chunk_rows(a, r, R, c0, c1, dwp, dbp, init, t1, t2, pfo, npf);
     for (int i = 0; i < R; i++) {
         s1[i * stride] = (double)t1[i];
@@ -94,7 +94,7 @@ static void bwd_dx_rows_acc(const cn_bwd_args *a, int64_t r, int64_t nrows, int6
                             const double *rowsums, at *dw, at *db, int64_t first, int64_t pfo, int64_t npf)
 {
     for (int64_t i = 0, R = 0; i < nrows; i += R) {
-        R = nrows - i < 4 ? nrows - i : 4;
+        R = nrows - i < CN_ROW_GROUP_MAX ? nrows - i : CN_ROW_GROUP_MAX;
         if (first > r + i && first < r + i + R) R = first - (r + i);   /* a block starts inside */
         if (R == 3) R = 2;   /* (then 1: same bits, the partials pass through memory exactly) */
         const int init = r + i == first;
@@ -137,7 +137,7 @@ static void bwd_apply(const cn_bwd_args *a, int64_t r, int64_t nrows, int64_t c0
 
 /* ---------------------------------------------------- short rows in registers -- */
 
-/* Small rows, SMALL_BLOCK at a time: first each row's two sums (overlapping
+/* Small rows, CN_SMALL_BLOCK at a time: first each row's two sums (overlapping
  * chains), then dx and the block partials, rereading the rows from L1. The
  * partials add the rows in order, so blocks never change a bit. */
 CN_INLINE void bwd_small_block(const cn_bwd_args *a, int64_t r0, const int64_t nrows, const int NV,
@@ -148,8 +148,8 @@ CN_INLINE void bwd_small_block(const cn_bwd_args *a, int64_t r0, const int64_t n
     const xt *X = (const xt *)a->x + r0 * N, *DY = (const xt *)a->dy + r0 * N;
     xt *DX = stage ? stage : (xt *)a->dx + r0 * N;
     const xt *DH = a->dh ? (const xt *)a->dh + r0 * N : NULL;
-    at c1[SMALL_BLOCK], c2[SMALL_BLOCK];
-    vec acc1[SMALL_BLOCK], acc2[SMALL_BLOCK];
+    at c1[CN_SMALL_BLOCK], c2[CN_SMALL_BLOCK];
+    vec acc1[CN_SMALL_BLOCK], acc2[CN_SMALL_BLOCK];
     int64_t i;
     int k;
     /* row i, vector k: x, dy, xhat and g = dy * w (both passes recompute them from L1) */
@@ -210,10 +210,10 @@ CN_INLINE void bwd_small_nv(const cn_bwd_args *a, int64_t r0, int64_t r1, at *dw
         dwacc[k] = VOP(zero)();
         dbacc[k] = VOP(zero)();
     }
-    CN_ALIGNED64 xt stage[SMALL_BLOCK * SMALL_MAX];   /* streamed dx: as fwd_small_nv's */
+    CN_ALIGNED64 xt stage[CN_SMALL_BLOCK * SMALL_MAX];   /* streamed dx: as fwd_small_nv's */
     xt *st = a->pol->stream ? stage : NULL;
-    for (int64_t r = r0; r < r1; r += SMALL_BLOCK)
-        bwd_small_block(a, r, r1 - r < SMALL_BLOCK ? r1 - r : SMALL_BLOCK, NV, center, wv, dwacc, dbacc, inv_n, st);
+    for (int64_t r = r0; r < r1; r += CN_SMALL_BLOCK)
+        bwd_small_block(a, r, r1 - r < CN_SMALL_BLOCK ? r1 - r : CN_SMALL_BLOCK, NV, center, wv, dwacc, dbacc, inv_n, st);
     if (st) cn_stream_fence();
     if (dwp) {
         CN_UNROLL for (k = 0; k < NV; k++) {
@@ -257,13 +257,13 @@ static void bwd_rows(const cn_bwd_args *a, int64_t r0, int64_t r1, void *dwp, vo
             const int64_t rows = r1 - r < pol->slab_rows ? r1 - r : pol->slab_rows;
             cn_populate_write((xt *)a->dx + r * N, (size_t)(rows * N) * sizeof(xt));
         }
-        double sums[32];   /* (s1, s2) per row */
+        double sums[2 * CN_ROW_GROUP_MAX];   /* (s1, s2) per row (group_rows <= CN_ROW_GROUP_MAX: the policy) */
         for (int sg = 0; sg < ng; sg += P1) {
             const int nb = ng - sg < P1 ? ng - sg : P1;
             for (int i = 0; i < 2 * nb; i++) sums[2 * sg + i] = 0;
             for (int64_t c0 = 0; c0 < N; c0 += CN_CHUNK) {
                 int64_t c1 = c0 + CN_CHUNK < N ? c0 + CN_CHUNK : N;
-                at t1[4], t2[4];
+                at t1[CN_ROW_GROUP_MAX], t2[CN_ROW_GROUP_MAX];
                 bwd_chunk_rows(a, r + sg, nb, c0, c1, late_parts ? NULL : dwp, dbp, r + sg == r0, t1, t2, 0, 0);
                 for (int i = 0; i < nb; i++) { sums[2 * (sg + i)] += (double)t1[i]; sums[2 * (sg + i) + 1] += (double)t2[i]; }
             }

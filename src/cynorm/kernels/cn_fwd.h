@@ -2,7 +2,7 @@
  * cn_fwd.h -- the forward's drivers: which rows go through the row math of
  * cn_rowmath.h in which order. fwd_rows takes whole rows (short rows in
  * registers, medium rows in blocks, longer rows by chunks, long rows in
- * groups walked column chunk by column chunk); the team path in _core.pyx
+ * groups walked column chunk by column chunk); the team path in _drivers.pxi
  * splits long rows across threads with fwd_chunk, fwd_finish and fwd_apply,
  * which merge the same chunk moments in the same order, so both give the
  * same bits.
@@ -59,7 +59,7 @@ static void fwd_apply(const cn_fwd_args *a, int64_t r, int64_t nrows, int64_t c0
 
 /* ------------------------------------------------ forward: small rows -- */
 
-/* Rows of at most SMALL_MAX elements, taken SMALL_BLOCK rows at a time in
+/* Rows of at most SMALL_MAX elements, taken CN_SMALL_BLOCK rows at a time in
  * three phases: per-row sums in one pass (independent dependency chains that
  * the CPU overlaps; see block_onepass), one vectorizable rstd loop for the
  * whole block, then the normalizing pass, which rereads the rows from L1. The
@@ -78,8 +78,8 @@ CN_INLINE void block_rstd(const cn_fwd_args *a, int64_t nrows, double inv_n, con
  * each row's first min(N, VL) elements, from one lane-sum tree per VL rows. */
 CN_INLINE void block_pivots(const xt *X, int64_t N, int64_t nrows, at *pv)
 {
-    vec hv[SMALL_BLOCK];
-    at h[SMALL_BLOCK];
+    vec hv[CN_SMALL_BLOCK];
+    at h[CN_SMALL_BLOCK];
     const int64_t np = N < VL ? N : VL;
     const double inv_np = 1.0 / (double)np;
     int64_t i;
@@ -99,8 +99,8 @@ CN_INLINE void block_pivots(const xt *X, int64_t N, int64_t nrows, at *pv)
 CN_INLINE void block_onepass(const xt *X, int64_t N, int64_t nrows, double inv_n, vec *sv, vec *qv, at *pv,
                                  double *dd, double *m2)
 {
-    at s[SMALL_BLOCK], q[SMALL_BLOCK];
-    int refused[SMALL_BLOCK], any = 0;
+    at s[CN_SMALL_BLOCK], q[CN_SMALL_BLOCK];
+    int refused[CN_SMALL_BLOCK], any = 0;
     const double n = (double)N;
     int64_t i;
     hsum_rows(sv, nrows, s);
@@ -152,16 +152,16 @@ CN_INLINE void fwd_small_block(const cn_fwd_args *a, int64_t r0, const int64_t n
     const int64_t N = a->N, tail = N - (int64_t)(NV - 1) * VL;
     const xt *X = (const xt *)a->x + r0 * N;
     xt *Y = stage ? stage : (xt *)a->y + r0 * N;
-    at pv[SMALL_BLOCK];
-    double dd[SMALL_BLOCK], m2[SMALL_BLOCK], rstd[SMALL_BLOCK];
+    at pv[CN_SMALL_BLOCK];
+    double dd[CN_SMALL_BLOCK], m2[CN_SMALL_BLOCK], rstd[CN_SMALL_BLOCK];
     /* LayerNorm's per-row sums, reduced a block at a time (cheaper than two
      * reductions per row; RMSNorm's single one per row is faster as it is) */
-    vec sv[SMALL_BLOCK], sqv[SMALL_BLOCK];
+    vec sv[CN_SMALL_BLOCK], sqv[CN_SMALL_BLOCK];
     int64_t i;
     int k;
     /* 16-bit rows are widened once, in pass 1, into this L1 buffer */
     const int widen = sizeof(xt) != sizeof(at);
-    vec wide[sizeof(xt) != sizeof(at) ? SMALL_BLOCK : 1][8];   /* (a constant size: no VLA) */
+    vec wide[sizeof(xt) != sizeof(at) ? CN_SMALL_BLOCK : 1][8];   /* (a constant size: no VLA; SMALL_NV_MAX <= 8) */
     /* Short per-row loops (each row: loads, one reduction) whose iterations the
      * CPU overlaps, with the per-row scalar math done in between as loops over
      * the whole block, which the compiler vectorizes. */
@@ -198,7 +198,7 @@ CN_INLINE void fwd_small_block(const cn_fwd_args *a, int64_t r0, const int64_t n
         }
     }
     block_rstd(a, nrows, inv_n, m2, rstd);
-    at mh[SMALL_BLOCK], lr[SMALL_BLOCK], rs[SMALL_BLOCK];
+    at mh[CN_SMALL_BLOCK], lr[CN_SMALL_BLOCK], rs[CN_SMALL_BLOCK];
     const int odd = block_scalars(a, r0, nrows, inv_n, pv, dd, m2, rstd, mh, lr, rs);
     for (i = 0; i < nrows; i++) {                      /* normalize, rereading from L1 */
         const xt *x = X + i * N;
@@ -236,10 +236,10 @@ CN_INLINE void fwd_small_nv(const cn_fwd_args *a, int64_t r0, int64_t r1, const 
     /* streamed output: each block's rows are staged here (L1) and leave as whole
      * lines with non-temporal stores; row ends never split a line between two
      * stores, and the lines are not read first (plain stores read each line) */
-    CN_ALIGNED64 xt stage[SMALL_BLOCK * SMALL_MAX];
+    CN_ALIGNED64 xt stage[CN_SMALL_BLOCK * SMALL_MAX];
     xt *st = a->pol->stream ? stage : NULL;
-    for (int64_t r = r0; r < r1; r += SMALL_BLOCK)
-        fwd_small_block(a, r, r1 - r < SMALL_BLOCK ? r1 - r : SMALL_BLOCK, NV, center, wv, bv, inv_n, st);
+    for (int64_t r = r0; r < r1; r += CN_SMALL_BLOCK)
+        fwd_small_block(a, r, r1 - r < CN_SMALL_BLOCK ? r1 - r : CN_SMALL_BLOCK, NV, center, wv, bv, inv_n, st);
     if (st) cn_stream_fence();
 }
 
@@ -264,9 +264,9 @@ CN_INLINE void fwd_med_block(const cn_fwd_args *a, int64_t r0, const int64_t nro
     const int64_t N = a->N;
     const xt *X = (const xt *)a->x + r0 * N;
     xt *Y = (xt *)a->y + r0 * N;
-    at pv[SMALL_BLOCK], q[SMALL_BLOCK];
-    double dd[SMALL_BLOCK], m2[SMALL_BLOCK], rstd[SMALL_BLOCK];
-    vec sv[SMALL_BLOCK], qv[SMALL_BLOCK];
+    at pv[CN_SMALL_BLOCK], q[CN_SMALL_BLOCK];
+    double dd[CN_SMALL_BLOCK], m2[CN_SMALL_BLOCK], rstd[CN_SMALL_BLOCK];
+    vec sv[CN_SMALL_BLOCK], qv[CN_SMALL_BLOCK];
     int64_t i;
     if (center) {
         block_pivots(X, N, nrows, pv);
@@ -279,7 +279,7 @@ CN_INLINE void fwd_med_block(const cn_fwd_args *a, int64_t r0, const int64_t nro
         for (i = 0; i < nrows; i++) { pv[i] = 0; dd[i] = 0.0; m2[i] = (double)q[i]; }
     }
     block_rstd(a, nrows, inv_n, m2, rstd);
-    at mh[SMALL_BLOCK], lr[SMALL_BLOCK], rs[SMALL_BLOCK];
+    at mh[CN_SMALL_BLOCK], lr[CN_SMALL_BLOCK], rs[CN_SMALL_BLOCK];
     const int odd = block_scalars(a, r0, nrows, inv_n, pv, dd, m2, rstd, mh, lr, rs);
     for (i = 0; i < nrows; i++) {                      /* normalize, rereading from cache */
         const xt *x = X + i * N;
@@ -313,11 +313,10 @@ CN_INLINE void fwd_row_stats(const cn_fwd_args *a, int64_t r, cn_row_stats *st)
 {
     const int64_t N = a->N;
     cn_moments tot, m;
-    for (int64_t c0 = 0; c0 < N; c0 += CN_CHUNK) {
-        int64_t c1 = c0 + CN_CHUNK < N ? c0 + CN_CHUNK : N;
-        fwd_chunk(a, r, c0, c1, &m);
-        if (c0 == 0) tot = m;
-        else cn_moments_merge(&tot, &m);
+    fwd_chunk(a, r, 0, N < CN_CHUNK ? N : CN_CHUNK, &tot);
+    for (int64_t c0 = CN_CHUNK; c0 < N; c0 += CN_CHUNK) {
+        fwd_chunk(a, r, c0, c0 + CN_CHUNK < N ? c0 + CN_CHUNK : N, &m);
+        cn_moments_merge(&tot, &m);
     }
     fwd_finish(a, r, &tot, st);
 }
@@ -328,7 +327,7 @@ CN_INLINE void fwd_row_stats(const cn_fwd_args *a, int64_t r, cn_row_stats *st)
 static void fwd_long(const cn_fwd_args *a, int64_t r0, int64_t r1)
 {
     const int64_t N = a->N, G = a->pol->group_rows, K = a->pol->apply_chunk;
-    cn_row_stats st[16];
+    cn_row_stats st[CN_LONG_GROUP_MAX];   /* (group_rows <= CN_LONG_GROUP_MAX: the policy) */
     for (int64_t r = r0; r < r1; r += G) {
         const int64_t nb = r1 - r < G ? r1 - r : G;
         if (a->pol->populate == CN_POPULATE_AHEAD) cn_populate_write((xt *)a->y + r * N, (size_t)(nb * N) * sizeof(xt));
@@ -343,7 +342,7 @@ static void fwd_long(const cn_fwd_args *a, int64_t r0, int64_t r1)
 static void fwd_chunked(const cn_fwd_args *a, int64_t r0, int64_t r1)
 {
     const int64_t N = a->N, RB = a->pol->group_rows;
-    cn_row_stats st[4];
+    cn_row_stats st[CN_ROW_GROUP_MAX];    /* (group_rows <= CN_ROW_GROUP_MAX: the policy) */
     for (int64_t r = r0; r < r1; r += RB) {
         const int64_t nb = r1 - r < RB ? r1 - r : RB;
         for (int64_t i = 0; i < nb; i++) fwd_row_stats(a, r + i, &st[i]);

@@ -1,5 +1,5 @@
 /*
- * cn_pair.h -- the storage types of this unit's kernel (ops.c sets CN_KERNEL),
+ * cn_pair.h -- the storage types of this unit's kernel (-DCN_KERNEL=<name>),
  * the vector loads and stores between them and the accumulator lanes, and the
  * one row walker that every streaming pass over a row uses.
  *
@@ -15,35 +15,16 @@
 #define CN_CAT(a, b) CN_CAT_(a, b)
 #define CN_CAT3(a, b, c) CN_CAT(CN_CAT(a, b), c)
 
-#if CN_KERNEL == CN_KERNEL_F32
-typedef float xt;
-#  define CN_XS f32
-#elif CN_KERNEL == CN_KERNEL_F64
-typedef double xt;
-#  define CN_XS f64
-#elif CN_KERNEL == CN_KERNEL_BF16
-typedef cn_bf16 xt;
-#  define CN_XS bf16
-#elif CN_KERNEL == CN_KERNEL_F16
-typedef cn_f16 xt;
-#  define CN_XS f16
-#else
-#  error "unknown CN_KERNEL"
-#endif
-
-#if CN_KERNEL == CN_KERNEL_F64
-typedef double pt, at;
-typedef cn_vd vec;
-#  define CN_LANE vd
-#  define CN_PS f64
-#  define VL CN_VD_LANES
-#else   /* 16-bit params are widened to float32 by the caller */
-typedef float pt, at;
-typedef cn_vf vec;
-#  define CN_LANE vf
-#  define CN_PS f32
-#  define VL CN_VF_LANES
-#endif
+/* the unit's kernel (-DCN_KERNEL=<name> of meson.build's table): x's storage,
+ * and the accumulator kernel, whose storage the params and statistics have */
+typedef CN_KERNEL_FIELD(CTYPE, CN_KERNEL) xt;
+#define CN_XS CN_KERNEL
+#define CN_PS CN_KERNEL_FIELD(ACC, CN_KERNEL)
+typedef CN_KERNEL_FIELD(CTYPE, CN_PS) pt, at;
+/* the accumulator lanes (cn_simd.h: CN_LANES_<accumulator kernel>) */
+#define CN_LANE CN_CAT(CN_LANES_, CN_PS)
+#define VL CN_CAT(CN_WIDTH_, CN_LANE)
+typedef CN_CAT(cn_, CN_LANE) vec;
 #define CN_AS CN_PS
 
 /* vector operations on the accumulator lanes: VOP(add)(a, b) */
@@ -90,23 +71,9 @@ CN_INLINE void store_a_t(at *p, vec v, int64_t t, const int full)
     if (full) CN_IO(store, CN_AS)(p, v);
     else CN_IO(storen, CN_AS)(p, v, t);
 }
-CN_INLINE void store_p_t(pt *p, vec v, int64_t t, const int full)
-{
-    if (full) CN_IO(store, CN_PS)(p, v);
-    else CN_IO(storen, CN_PS)(p, v, t);
-}
-
 /* scalars: storage <-> accumulator (pivots, and the double-precision rescue) */
-#if CN_KERNEL == CN_KERNEL_BF16
-CN_INLINE at x_to_at(xt v) { return cn_bf16_to_f32(v); }
-CN_INLINE xt double_to_x(double v) { return cn_f32_to_bf16((float)v); }
-#elif CN_KERNEL == CN_KERNEL_F16
-CN_INLINE at x_to_at(xt v) { return cn_f16_to_f32(v); }
-CN_INLINE xt double_to_x(double v) { return cn_f32_to_f16((float)v); }
-#else
-CN_INLINE at x_to_at(xt v) { return v; }
-CN_INLINE xt double_to_x(double v) { return (xt)v; }
-#endif
+CN_INLINE at x_to_at(xt v) { return CN_CAT(cn_scalar_from_, CN_XS)(v); }
+CN_INLINE xt double_to_x(double v) { return CN_CAT(cn_scalar_to_, CN_XS)(v); }
 
 /* Elements to store plainly before x-typed pointer p is aligned for a
  * full-vector non-temporal store (at most n). */
@@ -137,12 +104,12 @@ CN_INLINE int64_t stream_peel(const void *p, int64_t n)
         if (j_ < n_) { STEP(j_, n_ - j_, 0, 1); }                          \
     } while (0)
 
-/* Rows of at most SMALL_MAX elements live in registers: up to 4 vectors of 16
- * float lanes or 8 of 8 double lanes (64 elements), the same at every level.
- * (Which rows these are changes the arithmetic: this is part of the reduction
- * order, not a tunable.) */
-#define SMALL_NV_MAX (VL >= 16 ? 4 : 8)
-#define SMALL_MAX (SMALL_NV_MAX * VL)
+/* Rows of at most SMALL_MAX = CN_SMALL_ROW_MAX elements live in registers, in
+ * SMALL_NV_MAX vectors (cn_order.h); the kernels' arrays of a row's vectors
+ * hold up to 8. */
+#define SMALL_MAX CN_SMALL_ROW_MAX
+#define SMALL_NV_MAX (SMALL_MAX / VL)
+_Static_assert(SMALL_MAX % VL == 0 && SMALL_NV_MAX <= 8, "a small row's vectors: arrays of 8, CN_SMALL_DISPATCH");
 
 /* Calls CALL(K, C) with K = the row's vector count and C = center as compile-
  * time constants, so each small-row kernel is specialised for its shape. */

@@ -5,6 +5,8 @@
  * array is float32 (the accumulator type), not x's storage: the fp32 residual
  * stream of 16-bit activations.
  */
+#ifndef CN_RESIDUAL_H
+#define CN_RESIDUAL_H
 
 CN_INLINE void add_run(const xt *x, const void *r, const int r_wide, void *h, const int h_wide, int64_t n)
 {
@@ -32,3 +34,5 @@ static void add_residual(const void *x, const void *r, int r_wide, void *h, int 
         else add_run((const xt *)x, r, 0, h, 0, n);
     }
 }
+
+#endif /* CN_RESIDUAL_H */

@@ -326,15 +326,15 @@ static int wants_rescue(const cn_fwd_args *a, const xt *x, double delta, double 
 
 /* ------------------------------------------- blocks of short rows -- */
 
-/* Short rows go SMALL_BLOCK at a time: per-row sums first (independent
- * dependency chains the CPU overlaps), then the per-row scalars as loops over
- * the block, then each row's output from L1. A row's arithmetic never depends
- * on the block it falls in. */
-#define SMALL_BLOCK 16
+/* Short rows go CN_SMALL_BLOCK at a time (cn_order.h): per-row sums first
+ * (independent dependency chains the CPU overlaps), then the per-row scalars as
+ * loops over the block, then each row's output from L1. A row's arithmetic
+ * never depends on the block it falls in. */
 
-/* out[i] = the lane sum of a[i] for i < nrows (<= SMALL_BLOCK), VL vectors per
+/* out[i] = the lane sum of a[i] for i < nrows (<= CN_SMALL_BLOCK), VL vectors per
  * transpose-and-add tree (cn_simd.h); a[nrows..] are zeroed first. out[i]
  * depends on a[i] alone, never on the other rows or on nrows. */
+_Static_assert(CN_SMALL_BLOCK % VL == 0, "hsum_rows zeroes the block's arrays up to a multiple of VL");
 CN_INLINE void hsum_rows(vec *a, int64_t nrows, at *out)
 {
     for (int64_t g = 0; g < nrows; g += VL) {
@@ -371,6 +371,10 @@ CN_INLINE void store_small_row(xt *y, const vec *o, const int NV, int64_t tail)
 
 /* ------------------------------------------------------- gradient terms -- */
 
+/* The backward's sweeps (grad_sums, dx_rows_impl) are specialised for 1, 2 and
+ * CN_ROW_GROUP_MAX rows at once (cn_bwd.h's switches). */
+_Static_assert(CN_ROW_GROUP_MAX == 4, "cn_bwd.h dispatches sweeps of 1, 2 or 4 rows");
+
 /* The backward of a row: g = dy * w, xhat = (x - mean) * rstd;
  * dx = rstd * (g - c1 - xhat * c2), c1 = mean(g), c2 = mean(g * xhat)
  * (RMSNorm: no c1, xhat = x * rstd); dweight += dy * xhat, dbias += dy. */
@@ -399,7 +403,7 @@ CN_INLINE void grad_sums(const xt *dy, const xt *x, const pt *w, int64_t n, int6
                          const int part, const int init, at *s1, at *s2, int64_t pfo, int64_t npf)
 {
     const vec z = VOP(zero)();
-    vec Mv[4], Rv[4], S1[2][4], S2[2][4];
+    vec Mv[CN_ROW_GROUP_MAX], Rv[CN_ROW_GROUP_MAX], S1[2][CN_ROW_GROUP_MAX], S2[2][CN_ROW_GROUP_MAX];
     int i;
     CN_UNROLL for (i = 0; i < R; i++) {
         Mv[i] = VOP(set1)(center ? mean[i] : (at)0);
@@ -508,7 +512,7 @@ CN_INLINE vec dx_rows_term(const xt *x, const xt *dy, const at *dwp, const at *d
     return VOP(mul)(VOP(mul_sub_from)(xh, C2, g), R);
 }
 
-/* Pass 2 over R rows at once (1..4, from r), columns [c0, c1): each row's dx,
+/* Pass 2 over R rows at once (1..CN_ROW_GROUP_MAX, from r), columns [c0, c1): each row's dx,
  * and each row added in turn into the partials, which stay in registers
  * across the R rows -- the operations of R calls of dx_row, in the same
  * order, so the bits are those of one row at a time. */
@@ -517,9 +521,9 @@ CN_INLINE void dx_rows_impl(const cn_bwd_args *a, int64_t r, const int R, int64_
                             const int has_db, const int stream, int64_t pfo, int64_t npf)
 {
     const int64_t N = a->N, n = c1 - c0;
-    const xt *x[4], *dy[4], *dh[4];
-    xt *dx[4];
-    vec Mv[4], Rv[4], C1[4], C2[4];
+    const xt *x[CN_ROW_GROUP_MAX], *dy[CN_ROW_GROUP_MAX], *dh[CN_ROW_GROUP_MAX];
+    xt *dx[CN_ROW_GROUP_MAX];
+    vec Mv[CN_ROW_GROUP_MAX], Rv[CN_ROW_GROUP_MAX], C1[CN_ROW_GROUP_MAX], C2[CN_ROW_GROUP_MAX];
     const pt *w = (const pt *)a->w + c0;
     int i;
     CN_UNROLL for (i = 0; i < R; i++) {
@@ -534,8 +538,11 @@ CN_INLINE void dx_rows_impl(const cn_bwd_args *a, int64_t r, const int R, int64_
     }
     dwp += c0;
     if (has_db) dbp += c0;
-    /* non-temporal stores need the same alignment in every row, and several
-     * rows at once only where that was measured to pay (CN_MULTIROW_STREAM) */
+    /* non-temporal stores need the same alignment in every row, and several rows
+     * at once only where the level's table row says multirow_stream (with AVX2
+     * the half-filled write-combining buffers of four rows at once collapsed:
+     * benchmarks/NOTES.md); only there do aligned 32-bit rows take the route
+     * built on these sweeps (the policy's late_parts) */
     const int nt = stream && (R == 1 || (CN_MULTIROW_STREAM && (N * (int64_t)sizeof(xt)) % STREAM_ALIGN == 0));
     const int64_t head = nt ? stream_peel(dx[0], n) : 0;
 #define TERM(j, t, full, wv, dw_, db_) \

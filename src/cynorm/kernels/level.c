@@ -1,21 +1,36 @@
 /*
- * One ISA level's table: its four kernels (kernels/ops.c) and its array
- * conversions. Compiled once per level with that level's flags and
- * -DCN_LEVEL=<level> -DCN_LEVEL_ID=<0..3>; exports cn_level_<level>.
+ * One ISA level's table (cn_level_<level>): its kernels' operations, by
+ * kernel id, and its array conversions. Compiled once per level with that
+ * level's flags and -DCN_LEVEL=<level>. A kernel's operations come from the
+ * units meson.build's table names for it (the level's own, or those of the
+ * level it reuses): CN_LEVEL_KERNELS_<level>.
  */
 #include <stdint.h>
 
 #include "cn_simd.h"
 #include "cn_ops.h"
 
-#if CN_LEVEL_ID != CN_ISA_ID
-#error "this unit's compiler flags do not select the ISA level it is named for"
+#if !defined(CN_LEVEL)
+#error "build this file with -DCN_LEVEL=<level> (meson.build's table)"
 #endif
 
-#define CN_CAT_(a, b, c) a##b##c
-#define CN_CAT(a, b, c) CN_CAT_(a, b, c)
-#define CN_KERNEL_TABLE(k) CN_CAT(cn_ops_, CN_LEVEL, k)
-extern const cn_ops CN_KERNEL_TABLE(_0), CN_KERNEL_TABLE(_1), CN_KERNEL_TABLE(_2), CN_KERNEL_TABLE(_3);
+/* the units' operations: cn_<source level>_<kernel>_<op> */
+#define CN_DECLARE_OP(S, K, name, params, args) void CN_UNIT_FN(S, K, name) params;
+#define CN_DECLARE_KERNEL(S, K) CN_FWD_OPS(CN_DECLARE_OP, S, K) CN_BWD_OPS(CN_DECLARE_OP, S, K)
+CN_LEVEL_FIELD(KERNELS, CN_LEVEL)(CN_DECLARE_KERNEL)
+
+/* one table per kernel: cn_<level>_<kernel>_ops */
+#define CN_OP_INIT(S, K, name, params, args) .name = CN_UNIT_FN(S, K, name),
+#define CN_KERNEL_OPS(S, K)                                                                      \
+    static const cn_ops CN_UNIT_FN(CN_LEVEL, K, ops) = {                                         \
+        .x_size = (int)sizeof(CN_KERNEL_FIELD(CTYPE, K)),                                        \
+        .p_size = (int)sizeof(CN_KERNEL_FIELD(CTYPE, CN_KERNEL_FIELD(ACC, K))),                  \
+        .acc_size = (int)sizeof(CN_KERNEL_FIELD(CTYPE, CN_KERNEL_FIELD(ACC, K))),                \
+        .small_max = CN_SMALL_ROW_MAX,                                                           \
+        .multirow_stream = CN_LEVEL_FIELD(MULTIROW_STREAM, S),                                   \
+        CN_FWD_OPS(CN_OP_INIT, S, K) CN_BWD_OPS(CN_OP_INIT, S, K)                                \
+    };
+CN_LEVEL_FIELD(KERNELS, CN_LEVEL)(CN_KERNEL_OPS)
 
 /* pairs of vectors, then one, then the tail: every store path the kernels use */
 #define CN_CONVERT_ARRAY(NAME, SRC, DST, FROM, TO)                                        \
@@ -36,13 +51,11 @@ CN_CONVERT_ARRAY(f16_to_f32, cn_f16, float, f16, f32)
 
 static void stream_fence(void) { cn_stream_fence(); }
 
-const cn_level_ops CN_CAT(cn_level_, CN_LEVEL, ) = {
+#define CN_LEVEL_TABLE_(level) cn_level_##level
+#define CN_LEVEL_TABLE(level) CN_LEVEL_TABLE_(level)
+#define CN_KERNEL_PTR(name, id, code, dtype, ctype, acc) &CN_UNIT_FN(CN_LEVEL, name, ops),
+const cn_level_ops CN_LEVEL_TABLE(CN_LEVEL) = {
     CN_ISA_NAME,
-    {&CN_KERNEL_TABLE(_0), &CN_KERNEL_TABLE(_1), &CN_KERNEL_TABLE(_2), &CN_KERNEL_TABLE(_3)},
+    {CN_FOR_EACH_KERNEL(CN_KERNEL_PTR)},
     f32_to_bf16, f32_to_f16, bf16_to_f32, f16_to_f32, stream_fence,
-#if defined(CN_AVX512)
-    1,
-#else
-    0,
-#endif
 };

@@ -9,7 +9,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "cn_ops.h"   /* CN_CHUNK */
+#include "cn_order.h"   /* CN_CHUNK */
 
 /* y, mean, rstd of one row. LayerNorm (center): the moments about the row's
  * first element, chunk by chunk (two-pass within a chunk), merged with Chan's
