@@ -98,8 +98,8 @@ CN_OPS_INLINE void cn_moments_merge(cn_moments *a, const cn_moments *b)
     /* partial sums (accumulator dtype): dst[c0:c1] += src[c0:c1] */                                  \
     X(S, K, acc_add, (void *dst, const void *src, int64_t c0, int64_t c1), (dst, src, c0, c1))
 
-/* cn_<level>_<kernel>_<op>: the exported name of a kernel unit's operation */
-#define CN_UNIT_FN_(level, kernel, op) cn_##level##_##kernel##_##op
+/* cn_<level>__<kernel>_<op>: the exported name of a kernel unit's operation */
+#define CN_UNIT_FN_(level, kernel, op) cn_##level##__##kernel##_##op
 #define CN_UNIT_FN(level, kernel, op) CN_UNIT_FN_(level, kernel, op)
 
 /* The row operations of one (ISA level, dtype kernel), gathered by kernels/level.c. */

@@ -2,7 +2,7 @@
  * The forward row kernels of one (ISA level, dtype kernel). The build compiles
  * this file once per level and kernel of meson.build's tables, with that
  * level's flags and -DCN_LEVEL=<level> -DCN_KERNEL=<kernel>, and exports its
- * operations as cn_<level>_<kernel>_<op> (CN_FWD_OPS; kernels/level.c gathers
+ * operations as cn_<level>__<kernel>_<op> (CN_FWD_OPS; kernels/level.c gathers
  * them). bwd.c is the backward's twin.
  */
 #include <math.h>

@@ -14,12 +14,12 @@
 #error "build this file with -DCN_LEVEL=<level> (meson.build's table)"
 #endif
 
-/* the units' operations: cn_<source level>_<kernel>_<op> */
+/* the units' operations: cn_<source level>__<kernel>_<op> */
 #define CN_DECLARE_OP(S, K, name, params, args) void CN_UNIT_FN(S, K, name) params;
 #define CN_DECLARE_KERNEL(S, K) CN_FWD_OPS(CN_DECLARE_OP, S, K) CN_BWD_OPS(CN_DECLARE_OP, S, K)
 CN_LEVEL_FIELD(KERNELS, CN_LEVEL)(CN_DECLARE_KERNEL)
 
-/* one table per kernel: cn_<level>_<kernel>_ops */
+/* one table per kernel: cn_<level>__<kernel>_ops */
 #define CN_OP_INIT(S, K, name, params, args) .name = CN_UNIT_FN(S, K, name),
 #define CN_KERNEL_OPS(S, K)                                                                      \
     static const cn_ops CN_UNIT_FN(CN_LEVEL, K, ops) = {                                         \
