@@ -81,5 +81,40 @@ def make_inputs(rng, shape, axis, pair, scale=3.0, offset=1.0, affine=True):
     return x, dy, w, b
 
 
+# ------------------------------------------------------------ bit comparisons --
+# (tests/test_helpers.py tests these)
+
+def bits_of(a):
+    """A snapshot of a's bytes (a copy, as uint8), or None for None: what a later
+    comparison with np.array_equal sees bit for bit."""
+    return None if a is None else np.ascontiguousarray(np.asarray(a)).view(np.uint8).copy()
+
+
+def same_bits(a, b):
+    """Whether a and b are both None, or arrays (NumPy, JAX, anything np.asarray takes)
+    of one dtype and shape whose bytes are equal: every bit, NaN payloads and the sign
+    of zero included (NaN == NaN here; 0.0 and -0.0 differ)."""
+    if a is None or b is None:
+        return a is None and b is None
+    a, b = np.asarray(a), np.asarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(bits_of(a), bits_of(b))
+
+
+def assert_same_bits(a, b, what="arrays"):
+    """Fail, naming `what` and the first element that differs, unless same_bits(a, b)."""
+    if same_bits(a, b):
+        return
+    if a is None or b is None:
+        raise AssertionError(f"{what}: one is None ({a is None}, {b is None})")
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != b.dtype or a.shape != b.shape:
+        raise AssertionError(f"{what}: {a.dtype}{a.shape} against {b.dtype}{b.shape}")
+    ua = a.view(f"u{a.dtype.itemsize}").reshape(-1)
+    ub = b.view(f"u{b.dtype.itemsize}").reshape(-1)
+    i = int(np.flatnonzero(ua != ub)[0])
+    raise AssertionError(f"{what}: bits differ at flat index {i} ({a.reshape(-1)[i]!r} against "
+                         f"{b.reshape(-1)[i]!r}; {int(np.count_nonzero(ua != ub))} of {ua.size} elements)")
+
+
 def fmt_of(dtype):
     return {BF16: "bfloat16", F16: "float16", F32: "float32"}.get(np.dtype(dtype))

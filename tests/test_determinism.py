@@ -5,7 +5,7 @@ import pytest
 
 import cynorm
 from cynorm import _isa
-from conftest import PAIRS, make_inputs
+from conftest import PAIRS, bits_of, make_inputs
 
 # in-register rows, short rows, chunked rows, row blocks, few huge rows (team path)
 SHAPES = [(37, 16), (33, 56), (70, 300), (130, 2100), (5, 4100), (3, 9000), (2, 20000), (600, 24)]
@@ -13,7 +13,7 @@ THREADS = [1, 2, 3, 8]
 
 
 def _bits(arrays):
-    return [None if a is None else a.view(np.uint8).copy() for a in arrays]
+    return [bits_of(a) for a in arrays]
 
 
 def _run(norm, x, dy, w, b, T):

@@ -7,7 +7,7 @@ import pytest
 import cynorm
 import reference as ref
 from accuracy import check, check_stat
-from conftest import BF16, F16, F32, F64, PAIRS
+from conftest import BF16, F16, F32, F64, PAIRS, assert_same_bits
 
 #: row lengths through every path: in registers, medium, rows, long rows
 SHAPES = [(37, 8), (33, 56), (9, 300), (5, 3000), (3, 70001)]
@@ -61,14 +61,6 @@ def _plain_backward(norm, dy, h, mean, rstd, w, **kw):
     return dx, dw, None
 
 
-def _bits_equal(a, b, what):
-    if a is None or b is None:
-        assert a is None and b is None, what
-        return
-    assert a.dtype == b.dtype and a.shape == b.shape, (what, a.dtype, b.dtype, a.shape, b.shape)
-    assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{what}: bits differ"
-
-
 def _unfused(norm, x, r, w, b, h_dtype, dy, dh, eps):
     """The unfused sequence, computed the same way: NumPy's add rounded once, the
     plain forward on h; the plain backward on h in h's kernel with dx kept in
@@ -108,22 +100,22 @@ def test_bit_identical_to_the_unfused_sequence(case, shape, norm, rng):
     y_u, h_u, mean_u, rstd_u, dsum32_u, dw_u, db_u = _unfused(norm, x, r, w, b, h_dtype, dy, dh, eps)
     y, h, mean, rstd = _forward(norm, x, r, w, b, eps=eps, residual_dtype=h_dtype)
     for got, want, what in [(h, h_u, "h"), (y, y_u, "y"), (mean, mean_u, "mean"), (rstd, rstd_u, "rstd")]:
-        _bits_equal(got, want, what)
+        assert_same_bits(got, want, what)
     dsum, dw, db = _backward(norm, dy, h, mean, rstd, w, dh=dh)
-    _bits_equal(dsum, dsum32_u.astype(h_dtype), "dsum")
-    _bits_equal(dw, dw_u, "dweight")
-    _bits_equal(db, db_u, "dbias")
+    assert_same_bits(dsum, dsum32_u.astype(h_dtype), "dsum")
+    assert_same_bits(dw, dw_u, "dweight")
+    assert_same_bits(db, db_u, "dbias")
     if h_dtype != x_dtype:   # dsum in x's dtype on request: the float32 sum rounded once
         dsum_x = np.empty(shape, x_dtype)
         got = _backward(norm, dy, h, mean, rstd, w, dh=dh, out=(dsum_x, None, None) if norm == "layer"
                         else (dsum_x, None))
         assert got[0] is dsum_x
-        _bits_equal(dsum_x, dsum32_u.astype(x_dtype), "dsum in x's dtype")
+        assert_same_bits(dsum_x, dsum32_u.astype(x_dtype), "dsum in x's dtype")
     # no dh: dsum is the plain dx (rounded once from the same float32 value)
     dsum0, _, _ = _backward(norm, dy, h, mean, rstd, w)
     dx_plain = _plain_backward(norm, dy.astype(h_dtype), h, mean, rstd,
                                w.astype(F32) if h.dtype == F32 and x_dtype != F32 else w)[0]
-    _bits_equal(dsum0, dx_plain, "dsum without dh")
+    assert_same_bits(dsum0, dx_plain, "dsum without dh")
 
 
 @pytest.mark.parametrize("norm", NORMS)
@@ -169,7 +161,7 @@ def test_thread_counts_give_the_same_bits(case, norm, rng, force_parallel):
             per_t.append([a for a in f + g if a is not None])
         for other in per_t[1:]:
             for a, b_ in zip(per_t[0], other):
-                _bits_equal(a, b_, f"{shape} threads")
+                assert_same_bits(a, b_, f"{shape} threads")
         results.append(per_t[0])
     assert results
 
@@ -187,7 +179,7 @@ def test_every_level_gives_the_same_bits(isa_level, norm):
         f0 = _forward(norm, x, r, w, b, residual_dtype=np.float32)
         g0 = _backward(norm, dy, f0[1], f0[2], f0[3], w, dh=dh)
     for a, b_ in zip(f + g, f0 + g0):
-        _bits_equal(a, b_, f"{isa_level} vs lowest")
+        assert_same_bits(a, b_, f"{isa_level} vs lowest")
 
 
 # ----------------------------------------------------------------- aliasing --
@@ -199,14 +191,14 @@ def test_h_in_place_over_residual(shape, rng):
     res = r.copy()
     y, h, m, s = cynorm.add_layer_norm_forward(x, res, w, b, out=(None, res))
     assert h is res
-    _bits_equal(res, h0, "h in place")
-    _bits_equal(y, y0, "y")
+    assert_same_bits(res, h0, "h in place")
+    assert_same_bits(y, y0, "y")
     # y over x, h over the residual: the vLLM-style update of both buffers
     xx, res = x.copy(), r.copy()
     y, h, _, _ = cynorm.add_layer_norm_forward(xx, res, w, b, out=(xx, res))
     assert y is xx and h is res
-    _bits_equal(xx, y0, "y in place over x")
-    _bits_equal(res, h0, "h in place over residual")
+    assert_same_bits(xx, y0, "y in place over x")
+    assert_same_bits(res, h0, "h in place over residual")
 
 
 def test_fp32_stream_in_place(rng):
@@ -215,8 +207,8 @@ def test_fp32_stream_in_place(rng):
     res = r.copy()
     y, h, _ = cynorm.add_rms_norm_forward(x, res, w, residual_dtype=np.float32, out=(None, res))
     assert h is res and h.dtype == F32 and y.dtype == BF16
-    _bits_equal(res, h0, "fp32 h in place")
-    _bits_equal(y, y0, "y")
+    assert_same_bits(res, h0, "fp32 h in place")
+    assert_same_bits(y, y0, "y")
 
 
 @pytest.mark.parametrize("target", ["dy", "h", "dh"])
@@ -232,7 +224,7 @@ def test_dsum_in_place(target, rng):
                                          out=(arrays[target], None, None))
     assert got[0] is arrays[target]
     for a, b_ in zip(got, want):
-        _bits_equal(a, b_, f"dsum over {target}")
+        assert_same_bits(a, b_, f"dsum over {target}")
 
 
 def test_overlapping_outputs_refused_and_untouched(rng):
@@ -244,7 +236,7 @@ def test_overlapping_outputs_refused_and_untouched(rng):
     with pytest.raises(ValueError, match="overlap"):
         cynorm.add_layer_norm_forward(x, r, w, b, out=(y_dst, h_dst))
     for a, b_ in zip((buf, x, r), before):
-        _bits_equal(a, b_, "untouched")
+        assert_same_bits(a, b_, "untouched")
 
 
 def test_input_partly_overlapping_an_output_is_copied_first(rng):
@@ -255,7 +247,7 @@ def test_input_partly_overlapping_an_output_is_copied_first(rng):
     res = buf[64:].reshape(8, 64)
     h_dst = buf[:8 * 64].reshape(8, 64)   # one row behind the residual it reads
     _, h, _, _ = cynorm.add_layer_norm_forward(x, res, w, b, out=(None, h_dst))
-    _bits_equal(h, h0, "h over a shifted residual")
+    assert_same_bits(h, h0, "h over a shifted residual")
 
 
 # ------------------------------------------------------------------- errors --
@@ -264,7 +256,7 @@ def _untouched(arrays, fn):
     before = [a.copy() for a in arrays]
     fn()
     for a, b_ in zip(arrays, before):
-        _bits_equal(a, b_, "caller's array")
+        assert_same_bits(a, b_, "caller's array")
 
 
 @pytest.mark.parametrize("call, exc, msg", [

@@ -13,7 +13,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import cynorm  # noqa: E402
 import cynorm.jax as cnj  # noqa: E402
-from conftest import PAIRS, make_inputs  # noqa: E402
+from conftest import PAIRS, make_inputs, same_bits  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -25,15 +25,6 @@ def x64_for_float64(request):
             yield
     else:
         yield
-
-
-def bits(a):
-    a = np.asarray(a)
-    return a.view(np.uint8 if a.dtype.itemsize == 1 else f"u{a.dtype.itemsize}")
-
-
-def same(a, b):
-    return np.asarray(a).dtype == np.asarray(b).dtype and np.array_equal(bits(a), bits(b))
 
 
 def numpy_grads(norm, dy, x, w, b, axis):
@@ -65,12 +56,12 @@ def test_forward_and_vjp_match_the_numpy_api(pair, norm, shape, axis, rng):
     x, dy, w, b = make_inputs(rng, shape, axis, pair)
     y0, (dx0, dw0, db0) = numpy_grads(norm, dy, x, w, b, axis)
     f = jax_fn(norm, axis)
-    assert same(f(x, w, b), y0)
+    assert same_bits(f(x, w, b), y0)
     y, vjp = jax.vjp(f, jnp.asarray(x), jnp.asarray(w), jnp.asarray(b))
     dx, dw, db = vjp(jnp.asarray(dy))
-    assert same(y, y0) and same(dx, dx0) and same(dw, dw0)
+    assert same_bits(y, y0) and same_bits(dx, dx0) and same_bits(dw, dw0)
     if norm == "layer":
-        assert same(db, db0)
+        assert same_bits(db, db0)
     else:
         assert not np.asarray(db).any()   # rms_norm has no bias: its cotangent is zero
 
@@ -87,7 +78,7 @@ def test_grad_under_jit_and_checkpoint(pair, norm, rng):
 
     for g in (jax.jit(jax.grad(loss, argnums=(0, 1))), jax.grad(jax.checkpoint(loss), argnums=(0, 1))):
         dx, dw = g(x, w, b)
-        assert same(dx, dx0) and same(dw, dw0)
+        assert same_bits(dx, dx0) and same_bits(dw, dw0)
 
 
 @pytest.mark.parametrize("pair", PAIRS)
@@ -103,7 +94,7 @@ def test_vmap_batched_weight_normalizes_each_example_with_its_own(pair, rng):
     for i in range(5):
         y0, (dx0, dw0, db0) = numpy_grads("layer", dys[i], xs[i], ws[i], bs[i], -1)
         for g, want in zip(got, (y0, dx0, dw0, db0)):
-            assert same(g[i], want)
+            assert same_bits(g[i], want)
 
 
 @pytest.mark.parametrize("norm", ["layer", "rms"])
@@ -122,38 +113,38 @@ def test_per_example_gradients_of_an_unbatched_weight(pair, norm, rng):
     assert dw.shape == (6, 64)
     for i in range(6):
         _, (dx0, dw0, db0) = numpy_grads(norm, DY[i], X[i], w, b, -1)
-        assert same(dx[i], dx0) and same(dw[i], dw0)
+        assert same_bits(dx[i], dx0) and same_bits(dw[i], dw0)
         if norm == "layer":
-            assert same(db[i], db0)
+            assert same_bits(db[i], db0)
 
 
 def test_nested_vmap_and_a_batch_axis_that_is_not_leading(rng):
     pair = PAIRS[0].values[0]
     X, _, w, b = make_inputs(rng, (3, 4, 5, 32), 3, pair)
     y = jax.vmap(jax.vmap(lambda x: cnj.layer_norm(x, w, b)))(X)
-    assert same(y, cynorm.layer_norm(X, w, b))
+    assert same_bits(y, cynorm.layer_norm(X, w, b))
     Xt = np.ascontiguousarray(np.moveaxis(X, 0, 1))     # batch along axis 1
     y = jax.vmap(lambda x: cnj.layer_norm(x, w, b), in_axes=1, out_axes=1)(Xt)
-    assert same(y, cynorm.layer_norm(Xt, w, b))
+    assert same_bits(y, cynorm.layer_norm(Xt, w, b))
     # a weight batched over the outer level only
     W = np.stack([w, 2 * w, 3 * w])
     y = jax.vmap(lambda x, w: jax.vmap(lambda x: cnj.layer_norm(x, w, b))(x))(X, W)
     for i in range(3):
-        assert same(y[i], cynorm.layer_norm(X[i], W[i], b))
+        assert same_bits(y[i], cynorm.layer_norm(X[i], W[i], b))
 
 
 def test_bias_without_weight_and_no_params(rng):
     pair = PAIRS[0].values[0]
     x, dy, w, b = make_inputs(rng, (10, 50), -1, pair)
     y, vjp = jax.vjp(lambda x, b: cnj.layer_norm(x, None, b), x, b)
-    assert same(y, cynorm.layer_norm(x, None, b))
+    assert same_bits(y, cynorm.layer_norm(x, None, b))
     dx, db = vjp(jnp.asarray(dy))
     _, mean, rstd = cynorm.layer_norm_forward(x)
     dx0, _, db0 = cynorm.layer_norm_backward(dy, x, mean, rstd, np.ones_like(b))
-    assert same(dx, dx0) and same(db, db0)
+    assert same_bits(dx, dx0) and same_bits(db, db0)
     dx = jax.grad(lambda x: jnp.sum(cnj.rms_norm(x) * dy))(x)
     _, rstd = cynorm.rms_norm_forward(x)
-    assert same(dx, cynorm.rms_norm_backward(dy, x, rstd)[0])
+    assert same_bits(dx, cynorm.rms_norm_backward(dy, x, rstd)[0])
 
 
 def test_num_threads_and_eps(rng):
@@ -161,7 +152,7 @@ def test_num_threads_and_eps(rng):
     x, _, w, b = make_inputs(rng, (300, 1000), -1, pair)
     want = cynorm.layer_norm(x, w, b, eps=0.5)
     for t in (None, 1, 2, 3):
-        assert same(cnj.layer_norm(x, w, b, eps=0.5, num_threads=t), want)
+        assert same_bits(cnj.layer_norm(x, w, b, eps=0.5, num_threads=t), want)
 
 
 @pytest.mark.parametrize("call, exc, match", [
@@ -211,15 +202,15 @@ def test_fused_jit_grad_vmap_match_numpy(case, norm, rng):
     else:
         fn = lambda x, r, w, b: cnj.add_rms_norm(x, r, w, residual_dtype=h_dtype)
     jy, jh = jax.jit(fn)(x, r, w, b)
-    assert same(jy, y) and same(jh, h)
+    assert same_bits(jy, y) and same_bits(jh, h)
     # vjp with cotangents (dy, dh): the gradient of x and residual is dsum
     _, vjp = jax.vjp(fn, x, r, w, b)
     gx, gr, gw, gb = vjp((jnp.asarray(dy), jnp.asarray(dh)))
-    assert same(gr, dsum.astype(np.asarray(r).dtype))
-    assert same(gx, dsum.astype(x.dtype))
-    assert same(gw, dw)
+    assert same_bits(gr, dsum.astype(np.asarray(r).dtype))
+    assert same_bits(gx, dsum.astype(x.dtype))
+    assert same_bits(gw, dw)
     if norm == "layer":
-        assert same(gb, db)
+        assert same_bits(gb, db)
     # grad of a scalar loss through both outputs, jitted
     loss = lambda x, r, w, b: (fn(x, r, w, b)[0].astype(jnp.float32) * dy.astype(np.float32)).sum() + \
         (fn(x, r, w, b)[1].astype(jnp.float32) * dh.astype(np.float32)).sum()
@@ -229,12 +220,12 @@ def test_fused_jit_grad_vmap_match_numpy(case, norm, rng):
     vy, vh = jax.vmap(fn, in_axes=(0, 0, None, None))(x, r, w, b)
     for i in range(x.shape[0]):
         (yi, hi), _ = fused_numpy(norm, x[i], r[i], dy[i], dh[i], w, b, h_dtype)
-        assert same(vy[i], yi) and same(vh[i], hi)
+        assert same_bits(vy[i], yi) and same_bits(vh[i], hi)
     per_example = jax.vmap(lambda x, r, dy, dh: jax.vjp(lambda w: fn(x, r, w, b), w)[1]((dy, dh))[0],
                            in_axes=(0, 0, 0, 0))(x, r, jnp.asarray(dy), jnp.asarray(dh))
     for i in range(x.shape[0]):
         _, (_, dwi, _) = fused_numpy(norm, x[i], r[i], dy[i], dh[i], w, b, h_dtype)
-        assert same(per_example[i], dwi)
+        assert same_bits(per_example[i], dwi)
 
 
 def test_fused_bad_input():

@@ -9,6 +9,7 @@ from ml_dtypes import bfloat16
 
 import cynorm
 from cynorm import _isa
+from conftest import same_bits
 
 DTYPES = [(np.float32, np.float32), (np.float64, np.float64), (bfloat16, bfloat16), (bfloat16, np.float32),
           (np.float16, np.float32)]
@@ -49,10 +50,6 @@ def _bwd(norm, dy, x, stats, w, out):
     return cynorm.rms_norm_backward(dy, x, stats[0], w, num_threads=1, out=out)
 
 
-def _same(a, b):
-    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
-
-
 @pytest.mark.parametrize("norm", ["layer", "rms"])
 @pytest.mark.parametrize("N", [5, 8, 16, 24, 56, 64])
 @pytest.mark.parametrize("dt,pdt", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -70,15 +67,15 @@ def test_streamed_short_rows_give_the_plain_bits(streaming, norm, N, dt, pdt, sp
     assert cynorm.explain(x, w, norm=f"{norm}_norm", num_threads=1, backward=True, out=y)["stream"]
     got = _fwd(norm, x, w, b, (y,) + tuple(np.empty_like(a) for a in plain[1:]))
     for p, g in zip(plain, got):
-        assert _same(p, g)
+        assert same_bits(p, g)
     got_b = _bwd(norm, dy, x, plain[1:], w, (np.empty_like(dy),) + tuple(np.empty_like(a) for a in plain_b[1:]))
     for p, g in zip(plain_b, got_b):
-        assert _same(p, g)
+        assert same_bits(p, g)
     for a, k in zip((x, dy, w, b), keep):
-        assert _same(a, k)
+        assert same_bits(a, k)
     # in place, streamed: y over x, then dx over dy
     xi, dyi = x.copy(), dy.copy()
     got = _fwd(norm, xi, w, b, (xi,) + tuple(np.empty_like(a) for a in plain[1:]))
-    assert got[0] is xi and _same(xi, plain[0])
+    assert got[0] is xi and same_bits(xi, plain[0])
     got_b = _bwd(norm, dyi, x, plain[1:], w, (dyi,) + tuple(np.empty_like(a) for a in plain_b[1:]))
-    assert got_b[0] is dyi and _same(dyi, plain_b[0])
+    assert got_b[0] is dyi and same_bits(dyi, plain_b[0])

@@ -94,7 +94,8 @@ def tables():
     """meson.build's tables as this build compiled them: {"levels": [{name, features,
     caps, built}] in the table's order, "kernels": [{name, dtype, code, acc}] by id,
     "pairs": [(x dtype, param dtype)] by code}, dtypes by their NumPy names,
-    "max_threads": the most threads a call may ask for}."""
+    "max_threads": the most threads a call may ask for, "cpu_features": the names of the
+    features include/cn_cpu.h detects}."""
     built = set(compiled_levels())
     levels = [{"name": cn_level_rows[i].name.decode(), "features": cn_level_rows[i].features.decode().split(),
                "caps": cn_level_rows[i].caps.decode().split(), "built": cn_level_rows[i].name.decode() in built}
@@ -104,7 +105,13 @@ def tables():
                for k in range(CN_NUM_KERNELS)]
     dtype_of = {k["code"]: k["dtype"] for k in kernels}
     pairs = [(dtype_of[cn_pair_rows[p].x], dtype_of[cn_pair_rows[p].param]) for p in range(CN_NUM_PAIRS)]
-    return {"levels": levels, "kernels": kernels, "pairs": pairs, "max_threads": CN_MAX_THREADS}
+    cdef int i = 0
+    features = []
+    while cn_cpu_feature_names[i] != NULL:
+        features.append(cn_cpu_feature_names[i].decode())
+        i += 1
+    return {"levels": levels, "kernels": kernels, "pairs": pairs, "max_threads": CN_MAX_THREADS,
+            "cpu_features": features}
 
 
 def cpu_features():
