@@ -31,12 +31,13 @@ LIBS = ["cynorm", "numpy", "torch", "ort"]
 def _data(shape, mode):
     import numpy as np
 
-    import bench
-    x, dy, w, b = bench._make_data(shape, len(shape) - 1, mode, seed=0)
+
+    import worker
+    x, dy, w, b = worker._make_data(shape, len(shape) - 1, mode, seed=0)
     r, dh = np.empty_like(x), np.empty_like(x)
     rng = np.random.default_rng(1)
-    bench._fill_normal(rng, r)
-    bench._fill_normal(rng, dh)
+    worker._fill_normal(rng, r)
+    worker._fill_normal(rng, dh)
     return x, r, dy, dh, w, b
 
 
@@ -48,17 +49,18 @@ def run_request(lib, req):
 
     import numpy as np
 
-    import bench
+
+    import worker
     shape, mode, threads = tuple(req["shape"]), req["mode"], req["threads"]
     budget, directions = req["budget"], req["directions"]
-    bench._WARMUP = req.get("warmup", 0.3)
+    worker._WARMUP = req.get("warmup", 0.3)
     key = (shape, mode)
     if key not in _DATA:
         _DATA.clear()
         gc.collect()
         _DATA[key] = _data(shape, mode)
     x, r, dy, dh, w, b = _DATA[key]
-    t = bench._timeit
+    t = worker._timeit
     out = {}
     if lib == "numpy":
         v = (lambda a: a.view(np.uint16)) if x.itemsize == 2 else (lambda a: a)
@@ -84,7 +86,7 @@ def run_request(lib, req):
     elif lib == "torch":
         import torch
         torch.set_num_threads(threads)
-        tx, tr, tdy, tdh, tw, tb = (bench._torch_cast(torch.from_numpy(bench._torch_view(a)), a)
+        tx, tr, tdy, tdh, tw, tb = (worker._torch_cast(torch.from_numpy(worker._torch_view(a)), a)
                                     for a in (x, r, dy, dh, w, b))
         ns = [shape[-1]]
         F = torch.nn.functional

@@ -162,17 +162,18 @@ def run_request(lib, req):
 
     import numpy as np
 
-    import bench
+
+    import worker
     shape, axis, mode, threads = tuple(req["shape"]), req["axis"], req["mode"], req["threads"]
     budget, directions = req["budget"], req["directions"]
-    bench._WARMUP = req.get("warmup", 0.3)
+    worker._WARMUP = req.get("warmup", 0.3)
     key = (shape, axis, mode)
     if key not in _DATA:
         _DATA.clear()
         gc.collect()
-        _DATA[key] = bench._make_data(shape, axis, mode)
+        _DATA[key] = worker._make_data(shape, axis, mode)
     x, dy, w, b = _DATA[key]
-    t = bench._timeit
+    t = worker._timeit
     out = {}
     if lib == "numpy":      # the floor: a copy into an existing array
         xv = x.view(np.uint16) if x.itemsize == 2 else x
