@@ -57,12 +57,12 @@ def force_parallel():
     """Make even tiny inputs take the multi-threaded (and team) code paths."""
     kernels = _isa.kernels
     old = kernels._policy("min_elems_per_thread", 1)
-    old_over = kernels._policy("oversubscribe", 1)   # odd partitions (3, 8 threads) even on 2 cores
+    old_over = kernels.set_oversubscribe(True)   # odd partitions (3, 8 threads) even on 2 cores
     try:
         yield
     finally:
         kernels._policy("min_elems_per_thread", old)
-        kernels._policy("oversubscribe", old_over)
+        kernels.set_oversubscribe(old_over)
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ def test_paths_follow_row_length():
 
 def test_threads_and_team_path():
     assert cynorm.explain(np.empty((8, 8, 16), np.float32), num_threads=2)["threads"] == 1   # tiny: one thread
-    old = _isa.kernels._policy("oversubscribe", 1)
+    old = _isa.kernels.set_oversubscribe(True)
     try:
         e = cynorm.explain(np.empty((2, 200000), np.float32), num_threads=2)
         if _isa.kernels.openmp():
@@ -47,7 +47,7 @@ def test_threads_and_team_path():
         else:
             assert e["threads"] == 1
     finally:
-        _isa.kernels._policy("oversubscribe", old)
+        _isa.kernels.set_oversubscribe(old)
 
 
 def test_follows_the_tunables():

@@ -68,11 +68,11 @@ def test_thread_policy():
     procs = os.cpu_count()
     assert k.threads_for(1 << 24, 2, 8) == max(1, min(2, procs // 8))   # 8 calls in flight share the cores
     assert k.threads_for(1 << 24, 4 * procs) == procs                   # no more threads than cores
-    old = k._policy("oversubscribe", 1)
+    old = k.set_oversubscribe(True)
     try:
         assert k.threads_for(1 << 24, 4 * procs) == 4 * procs            # unless allowed
     finally:
-        k._policy("oversubscribe", old)
+        k.set_oversubscribe(old)
 
 
 def test_concurrent_calls_are_correct(rng):

@@ -32,28 +32,17 @@ cdef extern from "cn_scratch.h" nogil:
 
 
 cdef extern from "cn_policy.h" nogil:
-    ctypedef struct cn_tunables:
-        int64_t min_elems_per_thread
-        int64_t oversubscribe
-        int64_t stream_min_bytes
-        int64_t fresh_plain_row_bytes
-        int64_t bwd_plain_min_bytes
+    ctypedef struct cn_tunables:   # (fields as in cn_policy.h's CN_FOR_EACH_TUNABLE; by name: cn_tunable_slot)
         int64_t long_row_bytes
-        int64_t long_group_bytes
-        int64_t medium_block_bytes
-        int64_t bwd_group_bytes
-        int64_t bwd_far_bytes
-        int64_t prefetch_max
-        int64_t prefetch_into_l2
-        int64_t populate_bytes
-        int64_t part_cache_bytes
-        int64_t parts_in_a_bytes
-        int64_t bwd_a_by_chunk
-        int64_t prefetch_pieces
     ctypedef struct cn_machine:
         int64_t l2_bytes
         int64_t l3_bytes
+        int oversubscribe
         cn_tunables tuned
+    enum:
+        CN_NUM_CLASSES
+        CN_NUM_TUNABLES
+        CN_NUM_ROW_CLASSES
     ctypedef struct cn_call:
         int backward
         int64_t M
@@ -68,6 +57,7 @@ cdef extern from "cn_policy.h" nogil:
         int (*num_procs)() noexcept nogil
         int in_flight
         int in_parallel
+        int oversubscribe
         int openmp
         int fresh
         uintptr_t out_addr
@@ -109,6 +99,12 @@ cdef extern from "cn_policy.h" nogil:
     void cn_machine_update(cn_machine *m)
     int cn_threads_for(const cn_tunables *t, const cn_call *c)
     const char *cn_tunable_name(int i)
+    const char *cn_tunable_what(int i)
+    int cn_class_of(const cn_call *c, int threads)
+    void cn_machine_set_class_value(cn_machine *m, int cls, int i, int64_t value)
+    void cn_machine_clear_classes(cn_machine *m)
+    int cn_machine_class_value(const cn_machine *m, int cls, int i, int64_t *value)
+    const cn_tunables *cn_machine_tunables(const cn_machine *m, int cls)
     int64_t *cn_tunable_slot(cn_tunables *t, int i)
 
 

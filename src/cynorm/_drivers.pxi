@@ -279,6 +279,7 @@ cdef void _fill_call(cn_call *c, const cn_ops *ops, const cynorm_desc *d, int ba
     c.num_procs = omp_get_num_procs
     c.in_flight = in_flight
     c.in_parallel = omp_in_parallel()
+    c.oversubscribe = MACHINE.oversubscribe
     c.openmp = CN_OPENMP
     c.fresh = (d.flags & CYNORM_FRESH_OUTPUT) != 0
     c.block_rows = 0

@@ -28,19 +28,21 @@ def _tunable_index(str name):
     raise KeyError(name)
 
 
-def tunables():
-    """{name: value in use}, the cache-derived ones resolved for this machine."""
-    cdef cn_tunables t = MACHINE.tuned
-    cdef int i = 0
-    out = {}
-    while cn_tunable_name(i) != NULL:
-        out[cn_tunable_name(i).decode()] = cn_tunable_slot(&t, i)[0]
-        i += 1
-    return out
+def tunable_names():
+    """{name: what it decides}, in cn_policy.h's order."""
+    return {cn_tunable_name(i).decode(): cn_tunable_what(i).decode() for i in range(CN_NUM_TUNABLES)}
+
+
+def tunables(int cls=-1):
+    """{name: value in use}, the cache-derived ones resolved for this machine; with a
+    class index, the values a call of that class runs with (its measured ones included)."""
+    cdef const cn_tunables *t = cn_machine_tunables(&MACHINE, cls)
+    cdef cn_tunables copy = t[0]
+    return {cn_tunable_name(i).decode(): cn_tunable_slot(&copy, i)[0] for i in range(CN_NUM_TUNABLES)}
 
 
 def _policy(str name, int64_t value=-1):
-    """Read (value < 0) or set one tunable; returns the value in use before.
+    """Read (value < 0) or set one tunable for every call; returns the value in use before.
 
     For tests and tuning only (benchmarks/tunables.py). None changes a bit."""
     cdef int i = _tunable_index(name)
@@ -53,9 +55,58 @@ def _policy(str name, int64_t value=-1):
 
 
 def reset_policy():
-    """Every tunable back to its default."""
+    """Every tunable back to its default, and no measured values."""
     cn_tunables_defaults(&cn_tune)
+    cn_machine_clear_classes(&MACHINE)
     cn_machine_update(&MACHINE)
+
+
+def set_oversubscribe(bint allow):
+    """Allow calls more threads than cores (CYNORM_OVERSUBSCRIBE=1; tests); returns the setting before."""
+    old = bool(MACHINE.oversubscribe)
+    MACHINE.oversubscribe = allow
+    return old
+
+
+def class_names():
+    """The classes a measured policy holds tunables for, by index (cn_class_of)."""
+    rows = ("short", "medium", "rows", "long")
+    return [f"{d} {w} {r} rows, {t}" for d in ("fwd", "bwd") for w in ("16-bit", "32/64-bit") for r in rows
+            for t in ("1 thread", "threads")]
+
+
+def class_of(bint backward, int pair, int64_t M, int64_t N, int threads):
+    """The class index of such a call running on `threads` threads."""
+    cdef const cn_ops *ops = cn_get_ops(pair)
+    if ops == NULL:
+        raise ValueError(f"unknown kernel pair {pair}")
+    cdef cynorm_desc d
+    cdef cn_call c
+    _desc(&d, pair, True, M, N, 0.0, threads, True, False)
+    _fill_call(&c, ops, &d, backward, 1)
+    return cn_class_of(&c, threads)
+
+
+def set_class_tunables(dict values):
+    """A measured policy: {class index: {tunable: value}}, replacing any before ({}: none)."""
+    cn_machine_clear_classes(&MACHINE)
+    for cls, named in values.items():
+        if not 0 <= cls < CN_NUM_CLASSES:
+            raise ValueError(f"class {cls} is not in 0..{CN_NUM_CLASSES - 1}")
+        for name, value in named.items():
+            cn_machine_set_class_value(&MACHINE, cls, _tunable_index(name), value)
+    cn_machine_update(&MACHINE)
+
+
+def class_tunables():
+    """The measured policy in use: {class index: {tunable: value}} (the classes with any)."""
+    cdef int64_t v
+    out = {}
+    for c in range(CN_NUM_CLASSES):
+        for i in range(CN_NUM_TUNABLES):
+            if cn_machine_class_value(&MACHINE, c, i, &v):
+                out.setdefault(c, {})[cn_tunable_name(i).decode()] = v
+    return out
 
 
 def cache_tunables(int64_t l2_bytes, int64_t l3_bytes, int64_t long_row_bytes):
@@ -67,9 +118,8 @@ def cache_tunables(int64_t l2_bytes, int64_t l3_bytes, int64_t long_row_bytes):
     cn_tunables_defaults(&base)
     base.long_row_bytes = long_row_bytes
     cdef cn_tunables t = cn_tunables_for(&base, &m)
-    return {"long_group_bytes": t.long_group_bytes, "parts_in_a_bytes": t.parts_in_a_bytes,
-            "bwd_a_by_chunk": t.bwd_a_by_chunk, "fresh_plain_row_bytes": t.fresh_plain_row_bytes,
-            "prefetch_into_l2": t.prefetch_into_l2}
+    return {name: cn_tunable_slot(&t, _tunable_index(name))[0]
+            for name in ("long_group_bytes", "parts_in_a_bytes", "bwd_a_by_chunk", "fresh_plain_row_bytes")}
 
 
 def explain_call(bint backward, int pair, bint center, int64_t M, int64_t N, int num_threads, bint fresh,
@@ -86,7 +136,8 @@ def explain_call(bint backward, int pair, bint center, int64_t M, int64_t N, int
     c.out_addr = out_addr
     c.in_addr = in_addr
     cdef cn_policy p = cn_policy_for(&MACHINE, &c)
-    out = {"threads": p.threads, "path": _PATHS[p.path], "group_rows": p.group_rows,
+    out = {"threads": p.threads, "class": cn_class_of(&c, p.threads), "path": _PATHS[p.path],
+           "group_rows": p.group_rows,
            "stream": bool(p.stream), "populate": _POPULATE[p.populate]}
     if p.populate == CN_POPULATE_SLABS:
         out["slab_rows"] = p.slab_rows
@@ -116,6 +167,7 @@ def threads_for(int64_t elems, int requested, int in_flight=1):
     c.num_procs = omp_get_num_procs
     c.in_flight = in_flight
     c.in_parallel = omp_in_parallel()
+    c.oversubscribe = MACHINE.oversubscribe
     c.openmp = CN_OPENMP
     cdef cn_tunables t = MACHINE.tuned
     return cn_threads_for(&t, &c)

@@ -108,8 +108,8 @@ def long_group_bytes(l3_bytes):
 def cache_policies(l2_bytes, l3_bytes, long_row_bytes):
     """The tunables the policy derives from these cache sizes (core/policy.c,
     cn_tunables_for): long_group_bytes, parts_in_a_bytes, bwd_a_by_chunk,
-    fresh_plain_row_bytes (long_row_bytes is the long-row bound to use) and
-    prefetch_into_l2. None changes a bit; benchmarks/POLICY.md has the measurements."""
+    fresh_plain_row_bytes (long_row_bytes is the long-row bound to use).
+    None changes a bit; benchmarks/POLICY.md has the measurements."""
     return _core.cache_tunables(l2_bytes, l3_bytes, long_row_bytes)
 
 
@@ -117,7 +117,7 @@ def _load_with_policy(name):
     module = _load(name)
     module.set_caches(l2_cache_bytes(), l3_cache_bytes())
     if os.environ.get("CYNORM_OVERSUBSCRIBE", "").strip() not in ("", "0"):
-        module._policy("oversubscribe", 1)   # allow num_threads above the core count
+        module.set_oversubscribe(True)   # allow num_threads above the core count
     return module
 
 

@@ -17,15 +17,16 @@
  * (benchmarks/results/intel_spr/fused/fused_chunk_*.md). */
 #define CN_FUSED_CHUNK_BYTES ((int64_t)64 << 10)
 
-#define CN_TUNABLES_DEFAULT {                                                    \
-    .min_elems_per_thread = 1 << 15, .oversubscribe = 0, .stream_min_bytes = 8 << 20,  \
-    .fresh_plain_row_bytes = -1, .bwd_plain_min_bytes = 4 << 10,                       \
-    .long_row_bytes = 64 << 10, .long_group_bytes = -1, .medium_block_bytes = 32 << 10, \
-    .bwd_group_bytes = 256 << 10, .bwd_far_bytes = -1,                                 \
-    .prefetch_max = 8192, .prefetch_into_l2 = -1, .populate_bytes = 1 << 20,          \
-    .part_cache_bytes = 256 << 10, .parts_in_a_bytes = -1, .bwd_a_by_chunk = -1,      \
-    .prefetch_pieces = 1,                                                              \
-}
+/* Not tunables: each was measured alike at its other settings on the kinds
+ * in benchmarks/POLICY.md, or better where it is on every kind measured. */
+#define CN_POPULATE_BYTES ((int64_t)1 << 20)   /* fresh outputs faulted in slabs of about this */
+#define CN_BWD_PLAIN_MIN_BYTES ((int64_t)4 << 10)   /* fresh dx of 32-bit rows off the aligned route
+                                                      from this row size: slabs and plain stores */
+#define CN_PREFETCH_INTO_L2 1                   /* the forward row paths prefetch the next rows into L2 */
+#define CN_PREFETCH_PIECES 1                    /* phase A by chunk, 16-bit rows: the next pair's piece */
+
+#define CN_TUNABLE_DEFAULT(name, dflt, what) .name = (dflt),
+#define CN_TUNABLES_DEFAULT {CN_FOR_EACH_TUNABLE(CN_TUNABLE_DEFAULT)}
 
 cn_tunables cn_tune = CN_TUNABLES_DEFAULT;
 
@@ -39,11 +40,11 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 /* Rows per slab when a fresh output is faulted in just before it is written:
- * whole groups of `group` rows, about populate_bytes, at least one group. */
-static int64_t slab_rows(const cn_tunables *t, int64_t row_bytes, int64_t group)
+ * whole groups of `group` rows, about CN_POPULATE_BYTES, at least one group. */
+static int64_t slab_rows(int64_t row_bytes, int64_t group)
 {
     const int64_t group_bytes = group * row_bytes;
-    return group_bytes >= t->populate_bytes ? group : group * (t->populate_bytes / group_bytes);
+    return group_bytes >= CN_POPULATE_BYTES ? group : group * (CN_POPULATE_BYTES / group_bytes);
 }
 
 cn_tunables cn_tunables_for(const cn_tunables *base, const cn_machine *m)
@@ -59,9 +60,6 @@ cn_tunables cn_tunables_for(const cn_tunables *base, const cn_machine *m)
     if (t.bwd_a_by_chunk < 0) t.bwd_a_by_chunk = mesh ? 2 : 1;
     /* a fresh page's zeroed lines stay in cache on a mesh: plain stores reuse them */
     if (t.fresh_plain_row_bytes < 0) t.fresh_plain_row_bytes = mesh ? t.long_row_bytes : 0;
-    if (t.prefetch_into_l2 < 0) t.prefetch_into_l2 = mesh;
-    /* the backward's far prefetch paid on a 32 MB L3 and cost 3-5% on a mesh */
-    if (t.bwd_far_bytes < 0) t.bwd_far_bytes = mesh ? INT64_MAX : 32 << 10;
     return t;
 }
 
@@ -74,7 +72,7 @@ int cn_threads_for(const cn_tunables *t, const cn_call *c)
     const int64_t cap = (c->M * c->N) / (t->min_elems_per_thread > 0 ? t->min_elems_per_thread : 1);
     if (cap <= 1 || c->in_parallel) return 1;
     const int procs = c->num_procs ? c->num_procs() : 1;
-    if (!t->oversubscribe && requested > procs) requested = procs;
+    if (!c->oversubscribe && requested > procs) requested = procs;
     if (c->in_flight > 1) {
         const int share = procs / c->in_flight;
         if (requested >= share) requested = share > 1 ? share : 1;
@@ -107,7 +105,7 @@ static void forward_policy(const cn_tunables *t, const cn_call *c, int T, cn_pol
     const int64_t M = c->M, N = c->N, row_bytes = N * c->x_size;
     const int populate = p->stream && c->fresh;
     if (populate && row_bytes <= t->fresh_plain_row_bytes) p->stream = 0;
-    p->prefetch_l2 = (int)t->prefetch_into_l2;
+    p->prefetch_l2 = CN_PREFETCH_INTO_L2;
     p->apply_chunk = CN_CHUNK;
     if (T > 1 && N > CN_CHUNK && M < 4 * T) {
         /* too few rows to balance: split the columns too */
@@ -137,7 +135,7 @@ static void forward_policy(const cn_tunables *t, const cn_call *c, int T, cn_pol
         /* long rows fault in each group; shorter ones slab by slab, just before
          * they are written (rows never depend on the slab) */
         p->populate = row_bytes > t->long_row_bytes ? CN_POPULATE_AHEAD : CN_POPULATE_SLABS;
-        p->slab_rows = slab_rows(t, row_bytes, 1);
+        p->slab_rows = slab_rows(row_bytes, 1);
     }
 }
 
@@ -161,7 +159,7 @@ static void backward_policy(const cn_tunables *t, const cn_call *c, int T, cn_po
         const int pairs = T == 1 && k * part_bytes <= t->parts_in_a_bytes;
         const int by_chunk = k > 0 && !pairs && (t->bwd_a_by_chunk == 2 || (T > 1 && t->bwd_a_by_chunk == 1));
         p->team_parts = pairs ? CN_PARTS_BY_PAIRS : by_chunk ? CN_PARTS_BY_CHUNK : CN_PARTS_IN_PHASE_C;
-        p->prefetch_pieces = t->prefetch_pieces && c->x_size == 2;
+        p->prefetch_pieces = CN_PREFETCH_PIECES && c->x_size == 2;
         return;
     }
     p->threads = (int)min64(T, nb);
@@ -181,23 +179,64 @@ static void backward_policy(const cn_tunables *t, const cn_call *c, int T, cn_po
      * at once: pass 1 only sums, pass 2 adds the rows into the partials */
     p->late_parts = c->multirow_stream && c->x_size >= 4 && k > 0 && c->in_addr % 64 == 0 && row_bytes % 64 == 0;
     p->pass1_rows = p->late_parts ? 1 : RB;
-    if (populate && !p->late_parts && c->x_size >= 4 && row_bytes >= t->bwd_plain_min_bytes) {
+    if (populate && !p->late_parts && c->x_size >= 4 && row_bytes >= CN_BWD_PLAIN_MIN_BYTES) {
         p->populate = CN_POPULATE_SLABS;
         p->stream = 0;
-        p->slab_rows = slab_rows(t, row_bytes, p->group_rows);
+        p->slab_rows = slab_rows(row_bytes, p->group_rows);
     }
 }
 
 void cn_machine_update(cn_machine *m)
 {
     m->tuned = cn_tunables_for(&cn_tune, m);
+    for (int c = 0; c < CN_NUM_CLASSES; c++) {
+        cn_tunables t = cn_tune;
+        for (int i = 0; i < CN_NUM_TUNABLES; i++)
+            if (m->class_set[c] >> i & 1u) *cn_tunable_slot(&t, i) = m->class_value[c][i];
+        m->class_tuned[c] = cn_tunables_for(&t, m);
+    }
+}
+
+void cn_machine_set_class_value(cn_machine *m, int cls, int i, int64_t value)
+{
+    if (cls < 0 || cls >= CN_NUM_CLASSES || i < 0 || i >= CN_NUM_TUNABLES) return;
+    m->class_set[cls] |= 1u << i;
+    m->class_value[cls][i] = value;
+}
+
+void cn_machine_clear_classes(cn_machine *m)
+{
+    for (int c = 0; c < CN_NUM_CLASSES; c++) m->class_set[c] = 0;
+}
+
+int cn_machine_class_value(const cn_machine *m, int cls, int i, int64_t *value)
+{
+    if (cls < 0 || cls >= CN_NUM_CLASSES || i < 0 || i >= CN_NUM_TUNABLES || !(m->class_set[cls] >> i & 1u))
+        return 0;
+    *value = m->class_value[cls][i];
+    return 1;
+}
+
+const cn_tunables *cn_machine_tunables(const cn_machine *m, int cls)
+{
+    return cls >= 0 && cls < CN_NUM_CLASSES ? &m->class_tuned[cls] : &m->tuned;
+}
+
+int cn_class_of(const cn_call *c, int threads)
+{
+    const int64_t row_bytes = c->N * c->x_size;
+    const int rows = c->N <= c->small_max ? CN_ROWS_SHORT
+                     : row_bytes <= CN_MED_ROW_BYTES && c->N <= CN_CHUNK ? CN_ROWS_MEDIUM
+                     : row_bytes <= CN_LONG_CLASS_BYTES ? CN_ROWS_PLAIN : CN_ROWS_LONG;
+    return ((c->backward * 2 + (c->x_size > 2)) * CN_NUM_ROW_CLASSES + rows) * 2 + (threads > 1);
 }
 
 cn_policy cn_policy_for(const cn_machine *m, const cn_call *c)
 {
-    const cn_tunables *t = &m->tuned;
     cn_policy p = {0};
-    const int T = cn_threads_for(t, c);
+    const int T = cn_threads_for(&m->tuned, c);
+    /* the call's class's tunables: measured ones over the defaults (cn_machine_update) */
+    const cn_tunables *t = &m->class_tuned[cn_class_of(c, T)];
     p.stream = streams(t, c);
     p.group_rows = 1;
     p.pass1_rows = 1;
@@ -208,20 +247,21 @@ cn_policy cn_policy_for(const cn_machine *m, const cn_call *c)
     return p;
 }
 
-/* The tunables by name, for _core._policy() (tests, benchmarks/tunables.py). */
-#define CN_FIELD(name) {#name, offsetof(cn_tunables, name)}
-static const struct { const char *name; size_t offset; } cn_tunable_fields[] = {
-    CN_FIELD(min_elems_per_thread), CN_FIELD(oversubscribe), CN_FIELD(stream_min_bytes),
-    CN_FIELD(fresh_plain_row_bytes), CN_FIELD(bwd_plain_min_bytes), CN_FIELD(long_row_bytes),
-    CN_FIELD(long_group_bytes), CN_FIELD(medium_block_bytes), CN_FIELD(bwd_group_bytes), CN_FIELD(bwd_far_bytes), CN_FIELD(prefetch_max), CN_FIELD(prefetch_into_l2), CN_FIELD(populate_bytes),
-    CN_FIELD(part_cache_bytes), CN_FIELD(parts_in_a_bytes), CN_FIELD(bwd_a_by_chunk), CN_FIELD(prefetch_pieces),
+/* The tunables by name, for _core._policy() (tests, benchmarks/tunables.py, cynorm.tune). */
+#define CN_FIELD(name, dflt, what) {#name, what, offsetof(cn_tunables, name)},
+static const struct { const char *name, *what; size_t offset; } cn_tunable_fields[] = {
+    CN_FOR_EACH_TUNABLE(CN_FIELD)
 };
 #undef CN_FIELD
 
 const char *cn_tunable_name(int i)
 {
-    return i >= 0 && i < (int)(sizeof cn_tunable_fields / sizeof cn_tunable_fields[0]) ? cn_tunable_fields[i].name
-                                                                                     : NULL;
+    return i >= 0 && i < CN_NUM_TUNABLES ? cn_tunable_fields[i].name : NULL;
+}
+
+const char *cn_tunable_what(int i)
+{
+    return i >= 0 && i < CN_NUM_TUNABLES ? cn_tunable_fields[i].what : NULL;
 }
 
 int64_t *cn_tunable_slot(cn_tunables *t, int i)

@@ -17,35 +17,55 @@
 /* The most threads a call may ask for (num_threads; more is refused). */
 #define CN_MAX_THREADS 1024
 
-/* The tunables: the numbers the policy is made of (defaults in policy.c).
- * -1 where noted: derived from the caches. Tests and benchmarks/tunables.py
- * override single fields through _core._policy(). */
-typedef struct {
-    int64_t min_elems_per_thread;   /* fewer elements per thread: fewer threads */
-    int64_t oversubscribe;          /* 1: allow more threads than cores (CYNORM_OVERSUBSCRIBE) */
-    int64_t stream_min_bytes;       /* outputs this large: non-temporal stores */
-    int64_t fresh_plain_row_bytes;  /* -1: caches. Fresh outputs of rows up to this: plain stores */
-    int64_t bwd_plain_min_bytes;    /* fresh dx of 32-bit rows from this size, off the aligned route:
-                                       faulted in slab by slab, plain stores */
-    int64_t long_row_bytes;         /* longer rows: column chunks across a group of rows */
-    int64_t long_group_bytes;       /* -1: the L3. Bytes of long rows taken as one group */
-    int64_t medium_block_bytes;     /* forward medium rows: a block's x */
-    int64_t bwd_group_bytes;        /* backward rows through pass 1 together: x and dy */
-    int64_t bwd_far_bytes;          /* -1: caches. Backward 32-bit rows: prefetch two groups ahead from this */
-    int64_t prefetch_max;           /* elements of the next row prefetched while one is finished */
-    int64_t prefetch_into_l2;       /* -1: caches. Forward row paths prefetch into L2, not L1 */
-    int64_t populate_bytes;         /* fresh outputs faulted in slabs of about this size */
-    int64_t part_cache_bytes;       /* backward: block partials beyond this take the team path */
-    int64_t parts_in_a_bytes;       /* -1: caches. One thread adds partials in phase A up to this */
-    int64_t bwd_a_by_chunk;         /* -1: caches. Phase A by column chunk: 0 never, 1 threads, 2 always */
-    int64_t prefetch_pieces;        /* phase A by chunk, 16-bit rows: prefetch the next pair's piece */
-} cn_tunables;
+/* The tunables: the numbers the policy is made of, one row each: X(name,
+ * default, what it decides). -1: derived from the caches (cn_tunables_for).
+ * Tests and benchmarks/tunables.py override single fields through
+ * _core._policy(); cynorm.tune() measures them per class of call (below);
+ * benchmarks/POLICY.md has the evidence for each default. */
+#define CN_FOR_EACH_TUNABLE(X)                                                                        \
+    X(min_elems_per_thread, 1 << 15, "fewer elements per thread: fewer threads")                      \
+    X(stream_min_bytes, 8 << 20, "outputs this large: non-temporal stores")                           \
+    X(fresh_plain_row_bytes, -1, "fresh outputs of rows up to this: plain stores (-1: from the L3)")  \
+    X(long_row_bytes, 64 << 10, "longer rows: column chunks across a group of rows")                  \
+    X(long_group_bytes, -1, "bytes of long rows taken as one group (-1: from the L3)")                \
+    X(medium_block_bytes, 32 << 10, "forward medium rows: a block's x")                               \
+    X(bwd_group_bytes, 256 << 10, "backward rows through pass 1 together: x and dy")                  \
+    X(bwd_far_bytes, INT64_MAX, "backward 32-bit rows: prefetch two groups ahead from this")         \
+    X(prefetch_max, 8192, "elements of the next row prefetched while one is finished")                \
+    X(part_cache_bytes, 256 << 10, "backward: block partials beyond this take the team path")         \
+    X(parts_in_a_bytes, -1, "one thread adds partials in phase A up to this (-1: from the caches)")   \
+    X(bwd_a_by_chunk, -1, "phase A by column chunk: 0 never, 1 with threads, 2 always (-1: caches)")
+
+#define CN_TUNABLE_FIELD(name, dflt, what) int64_t name;
+typedef struct { CN_FOR_EACH_TUNABLE(CN_TUNABLE_FIELD) } cn_tunables;
+#undef CN_TUNABLE_FIELD
+#define CN_TUNABLE_COUNT(name, dflt, what) +1
+enum { CN_NUM_TUNABLES = 0 CN_FOR_EACH_TUNABLE(CN_TUNABLE_COUNT) };
+#undef CN_TUNABLE_COUNT
+
+/* The classes of calls a measured policy (cynorm.tune()) holds tunables for:
+ * direction x 16-bit or wider x x row class x one thread or more. A class's
+ * index is ((backward * 2 + wide) * CN_NUM_ROW_CLASSES + row class) * 2 + (threads > 1). */
+enum {   /* row classes: the forward's paths, at fixed bounds (never the tunables') */
+    CN_ROWS_SHORT = 0,    /* up to CN_SMALL_ROW_MAX elements */
+    CN_ROWS_MEDIUM = 1,   /* up to CN_MED_ROW_BYTES and CN_CHUNK elements */
+    CN_ROWS_PLAIN = 2,    /* longer, up to CN_LONG_CLASS_BYTES */
+    CN_ROWS_LONG = 3,     /* longer still */
+    CN_NUM_ROW_CLASSES = 4
+};
+#define CN_LONG_CLASS_BYTES ((int64_t)64 << 10)
+#define CN_NUM_CLASSES (2 * 2 * CN_NUM_ROW_CLASSES * 2)
 
 /* The machine as the policy sees it (read once, at import), with the
- * tunables resolved for it (cn_machine_update, whenever either changes). */
+ * tunables resolved for it (cn_machine_update, whenever any of it changes). */
 typedef struct {
     int64_t l2_bytes, l3_bytes;     /* 0: unknown */
+    int oversubscribe;              /* allow more threads than cores (CYNORM_OVERSUBSCRIBE=1) */
     cn_tunables tuned;              /* cn_tune with its cache-derived fields resolved */
+    /* a measured policy: per class, the tunables set (bit i: the i-th tunable) and their values */
+    uint32_t class_set[CN_NUM_CLASSES];
+    int64_t class_value[CN_NUM_CLASSES][CN_NUM_TUNABLES];
+    cn_tunables class_tuned[CN_NUM_CLASSES];   /* tuned with each class's values, resolved */
 } cn_machine;
 
 /* One call as the policy sees it. */
@@ -62,6 +82,7 @@ typedef struct {
                                        so asked only when more than one thread is in question) */
     int in_flight;                  /* calls in this process right now, this one included */
     int in_parallel;                /* called from inside an OpenMP region */
+    int oversubscribe;              /* the machine allows more threads than cores */
     int openmp;                     /* built with OpenMP */
     int fresh;                      /* the output was just allocated: its pages are not yet in */
     uintptr_t out_addr;             /* y or dx */
@@ -109,13 +130,24 @@ extern cn_tunables cn_tune;
 void cn_tunables_defaults(cn_tunables *t);
 /* The policy of one call, and the thread count it starts from. */
 cn_policy cn_policy_for(const cn_machine *m, const cn_call *c);
+/* The class of a call that runs on `threads` threads (its measured tunables, if any). */
+int cn_class_of(const cn_call *c, int threads);
 int cn_threads_for(const cn_tunables *t, const cn_call *c);
 /* base with its cache-derived tunables (-1) resolved for machine m; and
- * m->tuned = cn_tune resolved, after the caches, the level or cn_tune change. */
+ * m->tuned = cn_tune resolved, and each class's measured values over it,
+ * after the caches, cn_tune or the measured values change. */
 cn_tunables cn_tunables_for(const cn_tunables *base, const cn_machine *m);
 void cn_machine_update(cn_machine *m);
-/* The i-th tunable's name (NULL past the last) and its field in t. */
+/* A measured policy: tunable i of class cls set to value (then cn_machine_update);
+ * all classes back to the defaults; whether tunable i of class cls is set (and its value). */
+void cn_machine_set_class_value(cn_machine *m, int cls, int i, int64_t value);
+void cn_machine_clear_classes(cn_machine *m);
+int cn_machine_class_value(const cn_machine *m, int cls, int i, int64_t *value);
+/* The tunables a call of class cls runs with (cls < 0: the defaults, resolved). */
+const cn_tunables *cn_machine_tunables(const cn_machine *m, int cls);
+/* The i-th tunable's name and what it decides (NULL past the last), and its field in t. */
 const char *cn_tunable_name(int i);
+const char *cn_tunable_what(int i);
 int64_t *cn_tunable_slot(cn_tunables *t, int i);
 
 #endif /* CN_POLICY_H */
