@@ -9,7 +9,8 @@
     python benchmarks/bench.py onednn [--threads N] [--onednn LIB[,LIB2]]  (against oneDNN: benchmarks/onednn.py)
 
 seed and roofline take --baseline-python PY: a second cynorm worker runs under
-that interpreter (another build, e.g. the commit before a change), alternating
+that interpreter (another build, e.g. the commit before a change; or, with
+--baseline-env CYNORM_POLICY=off, this build with its default policy), alternating
 with this one round by round, and the tables add its times and the speed ratio
 (baseline time / this build's time: above 1, this build is faster).
 
@@ -95,8 +96,8 @@ def _measure(workers, req, libs):
 
 
 class Worker:
-    def __init__(self, lib, python=None):
-        env = dict(os.environ)
+    def __init__(self, lib, python=None, extra_env=None):
+        env = dict(os.environ, **(extra_env or {}))
         env.setdefault("OPENBLAS_NUM_THREADS", "1")  # idle BLAS pools must not steal cores
         env.setdefault("MKL_NUM_THREADS", "1")
         if lib == "torch":
@@ -171,8 +172,9 @@ def _axes_name(shape, axis):
 
 def _workers(libs, args):
     workers = {lib: Worker(lib) for lib in libs}
-    if getattr(args, "baseline_python", None):
-        workers["cynorm_base"] = Worker("cynorm_base", args.baseline_python)
+    base_env = dict(kv.split("=", 1) for kv in (getattr(args, "baseline_env", None) or []))
+    if getattr(args, "baseline_python", None) or base_env:
+        workers["cynorm_base"] = Worker("cynorm_base", getattr(args, "baseline_python", None), base_env)
         if not workers["cynorm_base"].available:
             raise SystemExit(f"the baseline worker did not start: {workers['cynorm_base'].info}")
     return workers
@@ -419,6 +421,9 @@ def main(argv=None):
     r.add_argument("--threads", type=int, default=1)
     for sp in (s, r):
         sp.add_argument("--baseline-python", help="A/B: also time the cynorm installed for this interpreter")
+        sp.add_argument("--baseline-env", action="append", metavar="KEY=VALUE",
+                        help="A/B: the baseline worker runs with this in its environment (e.g. CYNORM_POLICY=off "
+                             "against a tuned policy); repeatable; with no --baseline-python, this interpreter")
 
     c = sub.add_parser("scaling", help="thread-scaling experiment")
     common(c)

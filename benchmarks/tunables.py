@@ -4,10 +4,11 @@
     CYNORM_RECYCLE_MB=0 python benchmarks/tunables.py [--only NAME,...] [--rounds 5] [--json F] [--md F]
 
 For every tunable (include/cn_policy.h) this times the cells it decides, with
-the tunable at its value for this machine (default) and at an alternative
-(usually: the mechanism off), alternating the two round by round
-(cynorm._core._policy), and reports median time alt / default per cell: above
-1 the default is faster. A tunable "moves" a figure where some cell differs by
+the tunable at the value the cell's class runs with on this machine ("default":
+the measured one after cynorm.tune(), else the default) and at an alternative
+(usually: the mechanism off), alternating the two round by round, and reports
+median time alt / default per cell: above 1 the value in use is faster. Run it
+with CYNORM_POLICY=off for the defaults alone. A tunable "moves" a figure where some cell differs by
 3% or more. Allocating cells pay for fresh output pages only with recycling
 off (CYNORM_RECYCLE_MB=0, as above). benchmarks/POLICY.md collects the verdicts
 from each CPU kind.
@@ -15,7 +16,6 @@ from each CPU kind.
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import sys
@@ -43,9 +43,6 @@ PLAN = {
     "fresh_plain_row_bytes": (0, [((4096, 4096), "f32", "fwd", 1, False), ((4096, 4096), "bf16", "fwd", 1, False),
                                   ((16384, 1024), "f32", "fwd", 1, False), ((4096, 4096), "bf16", "bwd", 1, False),
                                   ((65536, 256), "f32", "fwd", 1, False), ((4096, 4096), "f32", "fwd", 2, False)]),
-    # (on a mesh L3 fresh_plain_row_bytes covers these rows: measured as a 32 MB L3 would run them)
-    "bwd_plain_min_bytes": (NEVER, [((4096, 4096), "f32", "bwd", 1, False), ((16384, 1024), "f32", "bwd", 1, False),
-                                    ((4096, 4096), "f32", "bwd", 2, False)], {"fresh_plain_row_bytes": 0}),
     "long_row_bytes": (NEVER, [(CHW, "f32", "fwd", 1, True), (CHW, "bf16", "fwd", 1, True),
                                ((64, 50176), "f32", "fwd", 1, True), (CHW, "bf16", "fwd", 2, True)]),
     "long_group_bytes": (8 << 20, [(CHW, "bf16", "fwd", 1, True), (CHW, "f32", "fwd", 1, True),
@@ -58,18 +55,13 @@ PLAN = {
                               ((16384, 1024), "f32", "bwd", 2, True)]),
     "prefetch_max": (0, [((4096, 4096), "f32", "fwd", 1, True), ((4096, 4096), "bf16", "bwd", 1, True),
                          ((16384, 4096), "bf16", "fwd", 1, True), ((4096, 4096), "f32", "bwd", 2, True)]),
-    "prefetch_into_l2": ("flip", [((4096, 4096), "f32", "fwd", 1, True), ((4096, 4096), "bf16", "fwd", 1, True),
-                                  ((16384, 1024), "bf16", "fwd", 1, True), ((4096, 4096), "bf16", "fwd", 2, True)]),
-    "populate_bytes": (NEVER, [((4096, 4096), "f32", "fwd", 1, False), ((65536, 256), "bf16", "fwd", 1, False),
-                               ((4096, 4096), "f32", "bwd", 1, False)]),
     "part_cache_bytes": (NEVER, [(CHW, "bf16", "bwd", 1, True), ((512, 100000), "bf16", "bwd", 1, True),
                                  ((512, 100000), "f32", "bwd", 2, True)]),
     "parts_in_a_bytes": ("flip0", [((512, 100000), "bf16", "bwd", 1, True), ((2048, 40000), "bf16", "bwd", 1, True),
                                    (CHW, "bf16", "bwd", 1, True)]),
     "bwd_a_by_chunk": (0, [(CHW, "bf16", "bwd", 1, True), (CHW, "f32", "bwd", 1, True),
                            (CHW, "bf16", "bwd", 2, True), ((512, 100000), "mixed", "bwd", 2, True)]),
-    "prefetch_pieces": (0, [(CHW, "bf16", "bwd", 1, True), (CHW, "bf16", "bwd", 2, True),
-                            ((512, 100000), "bf16", "bwd", 2, True)]),
+
 }
 
 _DATA = {}
@@ -111,33 +103,54 @@ def _round(fn, budget):
     return statistics.median(times)
 
 
+def _class_of(shape, mode, direction, threads):
+    pair = {"f32": 0, "f64": 1, "bf16": 2, "mixed": 3}[mode]
+    return _core.class_of(direction == "bwd", pair, shape[0], shape[1], threads)
+
+
+def _set(cls, name, value, measured):
+    """tunable `name` of class `cls` set to value, over the measured policy in use"""
+    values = {c: dict(v) for c, v in measured.items()}
+    values.setdefault(cls, {})[name] = value
+    _core.set_class_tunables(values)
+
+
 def measure(name, alt, cells, rounds, budget, context=None):
+    """Each cell with the tunable at the value its class runs with (a measured one,
+    after cynorm.tune(), or the default) and at the alternative, alternating."""
+    measured = _core.class_tunables()
     olds = {k: _core._policy(k, v) for k, v in (context or {}).items()}
-    default = _core._policy(name)
-    if alt == "flip":
-        alt = 1 - default
-    elif alt == "flip0":
-        alt = 0 if default else 1 << 30
-    elif alt == "far":   # the other setting: 32 KB where the default is never, never where it is on
-        alt = NEVER if default < NEVER else 32 << 10
     rows = []
     try:
         for shape, mode, direction, threads, use_out in cells:
+            cls = _class_of(shape, mode, direction, threads)
+            default = _core.tunables(cls)[name]
+            other = alt
+            if alt == "flip":
+                other = 1 - default
+            elif alt == "flip0":
+                other = 0 if default else 1 << 30
+            elif alt == "far":   # the other setting: 32 KB where the default is never, never where it is on
+                other = NEVER if default < NEVER else 32 << 10
+            elif alt == 0 and default == 0:
+                other = {"prefetch_max": 8192, "medium_block_bytes": 32 << 10, "bwd_group_bytes": 256 << 10,
+                         "bwd_a_by_chunk": 1}.get(name, 1)
             fn = _call(shape, mode, direction, threads, use_out)
             got = {"default": [], "alt": []}
             for r in range(rounds):
                 for which in (("default", "alt") if r % 2 == 0 else ("alt", "default")):
-                    _core._policy(name, default if which == "default" else alt)
+                    _set(cls, name, default if which == "default" else other, measured)
                     got[which].append(_round(fn, budget))
-            _core._policy(name, default)
+            _core.set_class_tunables(measured)
             d, a = statistics.median(got["default"]), statistics.median(got["alt"])
-            rows.append({"tunable": name, "default": default, "alt": alt, "shape": list(shape), "mode": mode,
+            rows.append({"tunable": name, "default": default, "alt": other, "shape": list(shape), "mode": mode,
                          "direction": direction, "threads": threads, "out": use_out,
-                         "default_ms": d * 1e3, "alt_ms": a * 1e3, "ratio": a / d})
+                         "default_ms": d * 1e3, "alt_ms": a * 1e3, "ratio": a / d,
+                         "measured": name in measured.get(cls, {})})
             print(f"  {name}: {shape} {mode} {direction} T={threads} {'out=' if use_out else 'alloc'}: "
                   f"{d * 1e3:.3f} -> {a * 1e3:.3f} ms ({a / d:.3f})", file=sys.stderr, flush=True)
     finally:
-        _core._policy(name, default)
+        _core.set_class_tunables(measured)
         for k, v in olds.items():
             _core._policy(k, v)
     return rows
@@ -157,13 +170,15 @@ def main():
     for name in names:
         alt, cells, *context = PLAN[name]
         rows += measure(name, alt, cells, args.rounds, args.budget, context[0] if context else None)
+    pol = cfg["policy"]
     lines = [f"### Tunables A/B: {cfg['cpu_model']}, {cfg['isa']}, L2 {cfg['l2_cache_bytes'] >> 20} MiB, "
-             f"L3 {cfg['l3_cache_bytes'] >> 20} MiB, recycle limit {cfg['recycle_limit_bytes'] >> 20} MiB",
+             f"L3 {cfg['l3_cache_bytes'] >> 20} MiB, recycle limit {cfg['recycle_limit_bytes'] >> 20} MiB, policy: "
+             + (f"tuned ({pol['decisions']} measured values)" if pol["tuned"] else "the defaults"),
              "", "ratio = alt / default (median of alternating rounds): above 1, the default is faster.", "",
              "| tunable | default | alt | shape | mode | dir | threads | out | default ms | alt ms | ratio |",
              "|---|---:|---:|---|---|---|---:|---|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['tunable']} | {r['default']} | {r['alt']} | {tuple(r['shape'])} | {r['mode']} | "
+        lines.append(f"| {r['tunable']}{' (measured)' if r['measured'] else ''} | {r['default']} | {r['alt']} | {tuple(r['shape'])} | {r['mode']} | "
                      f"{r['direction']} | {r['threads']} | {'out=' if r['out'] else 'alloc'} | {r['default_ms']:.3f} | "
                      f"{r['alt_ms']:.3f} | {r['ratio']:.3f} |")
     lines.append("")

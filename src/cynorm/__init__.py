@@ -5,7 +5,8 @@
     >>> y, mean, rstd = cynorm.layer_norm_forward(x, np.ones(512, np.float32))
     >>> dx, dw, db = cynorm.layer_norm_backward(np.ones_like(x), x, mean, rstd, np.ones(512, np.float32))
 
-See show_config() for the ISA level and threads in use, and explain() for how a call runs.
+See show_config() for the ISA level and threads in use, explain() for how a call runs,
+and tune() to measure this machine's policy once.
 """
 
 from ._version import __version__
@@ -22,6 +23,10 @@ from ._fused import add_layer_norm_backward, add_layer_norm_forward, add_rms_nor
 from ._alloc import release_recycled
 from ._config import show_config
 from ._threads import get_num_threads
+from . import _tune
+from ._tune import tune
+
+_tune.load_at_import()   # this machine's measured policy, where one is cached (CYNORM_POLICY)
 
 
 def get_include():
@@ -45,5 +50,6 @@ __all__ = [
     "release_recycled",
     "get_num_threads",
     "explain",
+    "tune",
     "get_include",
 ]

@@ -316,7 +316,9 @@ def explain(x, weight=None, *, axis=-1, num_threads=None, norm="layer_norm", bac
     any array (only its shape, dtype and address count). Nothing is computed.
     The policy comes from the same function the call uses (cn_policy_for), with
     this call alone in flight; an output it allocates is taken as fresh (a
-    recycled one is not, see the README's Memory section).
+    recycled one is not, see the README's Memory section). ``"policy"`` says
+    whether a measured policy (cynorm.tune()) is loaded, the call's class, and
+    which tunables came from measurement and which from the defaults.
     """
     if norm not in ("layer_norm", "rms_norm"):
         raise ValueError(f"cynorm: norm must be 'layer_norm' or 'rms_norm', got {norm!r}")
@@ -335,6 +337,14 @@ def explain(x, weight=None, *, axis=-1, num_threads=None, norm="layer_norm", bac
     grads = 0 if weight is None else (2 if center else 1)
     policy = _isa.kernels.explain_call(bool(backward), pair.code, center, M, N, T, dst is None, out_addr,
                                        addr | out_addr, grads)
+    from . import _tune
+    cls = policy.pop("class")
+    cls_name = _isa.kernels.class_names()[cls]
+    measured = _tune.loaded["measured"].get(cls_name, {}) if _tune.loaded else {}
+    tunables = _isa.kernels.tunables(cls)
     return {"norm": norm, "direction": "backward" if backward else "forward", "isa": _isa.level,
             "rows": M, "cols": N, "x_dtype": _dtypes.dtype_name(pair.x), "param_dtype": _dtypes.dtype_name(pair.param),
-            "requested_threads": T, **policy, "tunables": _isa.kernels.tunables()}
+            "requested_threads": T, **policy, "tunables": tunables,
+            "policy": {**_tune.status(), "class": cls_name,
+                       "measured": {k: tunables[k] for k in measured},
+                       "defaults": sorted(k for k in tunables if k not in measured)}}

@@ -33,6 +33,11 @@ def _cpu_model():
     return platform.processor() or platform.machine()
 
 
+def _tune_status():
+    from . import _tune
+    return _tune.status()
+
+
 def config():
     """The configuration as a dict (what show_config prints)."""
     import ml_dtypes
@@ -54,6 +59,7 @@ def config():
         "l3_cache_bytes": _isa.l3_cache_bytes(),
         # what the kernels use now (set from the caches at import; see _isa.cache_policies)
         "cache_policies": {name: int(kernels._policy(name)) for name in _isa.cache_policies(0, 0, 0)},
+        "policy": _tune_status(),
         "python": sys.version.split()[0],
         "numpy": np.__version__,
         "ml_dtypes": ml_dtypes.__version__,
@@ -67,7 +73,8 @@ def show_config():
     Keys include ``version``, ``isa`` (the level in use), ``isa_available``
     (levels this CPU can run, lowest first, starting with ``"baseline"``),
     ``openmp`` (built with OpenMP?), ``max_threads`` (the default thread count) and
-    ``hugepage_outputs`` (large outputs on huge pages? see the README's Memory section).
+    ``hugepage_outputs`` (large outputs on huge pages? see the README's Memory section) and
+    ``policy`` (whether a measured policy, cynorm.tune(), is loaded, and from where).
     """
     cfg = config()
     omp = cfg["openmp_runtime"]
@@ -85,6 +92,10 @@ def show_config():
         f"  recycled outputs : up to {cfg['recycle_limit_bytes'] / 2**20:g} MiB kept   (CYNORM_RECYCLE_MB)",
         f"  caches           : L2 {cfg['l2_cache_bytes'] / 2**20:g} MiB, L3 {cfg['l3_cache_bytes'] / 2**20:g} MiB"
         f"   (long-row groups up to {cfg['cache_policies']['long_group_bytes'] / 2**20:g} MiB)",
+        f"  policy           : " + (f"tuned, {cfg['policy']['decisions']} measured decisions in "
+                                   f"{cfg['policy']['classes']} classes ({cfg['policy']['path']})"
+                                   if cfg["policy"]["tuned"] else
+                                   "the defaults   (cynorm.tune() measures this machine's; CYNORM_POLICY)"),
         f"  python {cfg['python']}, numpy {cfg['numpy']}, ml_dtypes {cfg['ml_dtypes']}",
     ]
     print("\n".join(lines))

@@ -70,8 +70,8 @@ def set_oversubscribe(bint allow):
 
 def class_names():
     """The classes a measured policy holds tunables for, by index (cn_class_of)."""
-    rows = ("short", "medium", "rows", "long")
-    return [f"{d} {w} {r} rows, {t}" for d in ("fwd", "bwd") for w in ("16-bit", "32/64-bit") for r in rows
+    rows = ("rows of <= 64", "rows of <= 8 KB", "rows of <= 64 KB", "longer rows")
+    return [f"{d} {w}, {r}, {t}" for d in ("fwd", "bwd") for w in ("16-bit", "32/64-bit") for r in rows
             for t in ("1 thread", "threads")]
 
 
