@@ -92,7 +92,7 @@ def show_config():
         f"  recycled outputs : up to {cfg['recycle_limit_bytes'] / 2**20:g} MiB kept   (CYNORM_RECYCLE_MB)",
         f"  caches           : L2 {cfg['l2_cache_bytes'] / 2**20:g} MiB, L3 {cfg['l3_cache_bytes'] / 2**20:g} MiB"
         f"   (long-row groups up to {cfg['cache_policies']['long_group_bytes'] / 2**20:g} MiB)",
-        f"  policy           : " + (f"tuned, {cfg['policy']['decisions']} measured decisions in "
+        "  policy           : " + (f"tuned, {cfg['policy']['decisions']} measured decisions in "
                                    f"{cfg['policy']['classes']} classes ({cfg['policy']['path']})"
                                    if cfg["policy"]["tuned"] else
                                    "the defaults   (cynorm.tune() measures this machine's; CYNORM_POLICY)"),
