@@ -8,8 +8,11 @@ import numpy as np
 import pytest
 from ml_dtypes import bfloat16
 
-import cynorm
-from cynorm import _isa
+# the default policy, whatever this machine has tuned and cached (tests/test_tune.py loads its own)
+os.environ["CYNORM_POLICY"] = "off"
+
+import cynorm  # noqa: E402
+from cynorm import _isa  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))  # for `import reference`
 

@@ -149,7 +149,19 @@ MACHINES = {
     "Zen 3 caches (512 KB L2, 32 MB L3)": ((512 << 10), (32 << 20), {}),
     "no cache sizes known": (0, 0, {}),
     "every output streamed, long rows from 4 KB": (None, None, {"stream_min_bytes": 0, "long_row_bytes": 4096}),
+    # a measured policy (cynorm.tune()) with every class at the alternatives tune() tries
+    "tuned: every class at its alternatives": (None, None, "tuned"),
 }
+
+
+def _tuned_everywhere():
+    from cynorm import _tune
+    values = {}
+    for cls in range(len(_isa.kernels.class_names())):
+        values[cls] = {}
+        for name, alts in _tune._OFF_OR_ON.items():
+            values[cls][name] = alts(_isa.kernels.tunables(-1)[name])[0]
+    return values
 
 
 @pytest.mark.parametrize("machine", MACHINES)
@@ -161,8 +173,11 @@ def test_other_machines_policies_give_the_golden_bits(machine):
     try:
         if l2 is not None:
             kernels.set_caches(l2, l3)
-        for name, value in tunables.items():
-            kernels._policy(name, value)
+        if tunables == "tuned":
+            kernels.set_class_tunables(_tuned_everywhere())
+        else:
+            for name, value in tunables.items():
+                kernels._policy(name, value)
         diff = _differences(run_all(), golden)
     finally:
         kernels.reset_policy()

@@ -36,6 +36,8 @@ MARGIN = 0.03           # an alternative must be this much faster, twice
 #: the cells that stand for each row class (one per class: 32-bit and 16-bit data alike)
 CELLS = {"medium": (16384, 1024), "rows": (4096, 4096), "long": (64, 200704)}
 
+_ROW_CLASS_NAMES = {"medium": "rows of <= 8 KB", "rows": "rows of <= 64 KB", "long": "longer rows"}
+
 #: (direction, row class) -> the tunables measured there, each with its alternatives
 #: (a function of the value in use: the other settings worth trying)
 _OFF_OR_ON = {
@@ -200,7 +202,9 @@ def _compare(fn, settings, rounds, budget, measure=None):
 def decide(fn, cls, name, current, install, rounds, budget, measure=None):
     """Whether an alternative of tunable `name` beats its value in class `cls`: each
     alternative timed against the value in use, kept only where it is MARGIN faster in
-    two separate comparisons. Returns (value to keep, {alternative: time ratio})."""
+    two separate comparisons. Returns (value to keep, {alternative: time ratio}).
+    measure(fn, budget, cls): a stand-in for the clock (tests)."""
+    measure = _round if measure is None else (lambda f, b, m=measure: m(f, b, cls))
     base = current.get(name, _core.tunables(cls)[name])
     best, ratios = base, {}
     for alt in _OFF_OR_ON[name](base):
@@ -228,7 +232,7 @@ def _progress(done, total, what, start, out):
     out.flush()
 
 
-def tune(seconds=120, *, threads=None, save=True, path=None, progress=True):
+def tune(seconds=120, *, threads=None, save=True, path=None, progress=True, _measure=None):
     """Measure this machine's policy decisions (about `seconds` in all), apply the
     winners and keep them in the cache file (or `path`) for later imports.
 
@@ -269,12 +273,14 @@ def tune(seconds=120, *, threads=None, save=True, path=None, progress=True):
                 data = _data(shape, dtype)
             pair = 0 if dtype.itemsize == 4 else 2
             cls = _core.class_of(direction == "bwd", pair, shape[0], shape[1], t)
+            if _ROW_CLASS_NAMES[rows] not in names[cls]:
+                raise ValueError(f"cynorm.tune: cell {shape} of {dtype} is in class {names[cls]!r}, not {rows}")
             fn = _call(data, direction, t)
             fn()
             current = {}
             for name in tunables:
                 _progress(done, total, f"{names[cls]}: {name}", start, out)
-                value, r = decide(fn, cls, name, current, install, rounds, budget)
+                value, r = decide(fn, cls, name, current, install, rounds, budget, _measure)
                 ratios.setdefault(names[cls], {})[name] = {str(k): round(v, 3) for k, v in r.items()}
                 if value != _core.tunables(-1)[name]:
                     current[name] = value

@@ -1,0 +1,169 @@
+"""cynorm.tune(): the decision rule, the cache file and its key, CYNORM_POLICY,
+and what explain() and show_config() say. (Timing belongs to the benchmarks:
+here the clock is a fake one wherever a decision is made; benchmarks/README.md
+has what tune() chose on each machine.)"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import cynorm
+from cynorm import _core, _tune
+
+
+@pytest.fixture
+def clean_policy():
+    yield
+    _core.set_class_tunables({})
+    _tune.loaded = None
+
+
+def _fake_clock(times):
+    """A `measure` for _tune.decide: the time of whatever setting is installed now."""
+    def measure(fn, budget, cls):
+        return times[_core.tunables(cls)["prefetch_max"]]
+    return measure
+
+
+CLS = _core.class_of(False, 0, 4096, 4096, 1)
+
+
+@pytest.mark.parametrize("alt_time, kept", [(0.90, 0), (0.99, 8192), (1.10, 8192)])
+def test_an_alternative_is_kept_only_where_it_wins_beyond_noise(clean_policy, alt_time, kept):
+    times = {8192: 1.0, 0: alt_time}
+
+    def install(cls, values):
+        _core.set_class_tunables({cls: values} if values else {})
+    value, ratios = _tune.decide(lambda: None, CLS, "prefetch_max", {}, install, 3, 0.0, _fake_clock(times))
+    assert value == kept
+    assert ratios[0] == pytest.approx(alt_time)
+    assert _core.tunables(CLS)["prefetch_max"] == kept
+
+
+def test_a_win_that_does_not_repeat_is_not_kept(clean_policy):
+    calls = []
+
+    def measure(fn, budget, cls):   # the alternative wins the first comparison only
+        calls.append(_core.tunables(cls)["prefetch_max"])
+        fast = _core.tunables(cls)["prefetch_max"] == 0 and len(calls) <= 6
+        return 0.8 if fast else 1.0
+
+    def install(cls, values):
+        _core.set_class_tunables({cls: values} if values else {})
+    value, ratios = _tune.decide(lambda: None, CLS, "prefetch_max", {}, install, 3, 0.0, measure)
+    assert value == 8192 and ratios[0] == pytest.approx(1.0)
+    assert len(calls) == 12   # two comparisons of 3 rounds x 2 settings
+
+
+def test_tune_writes_applies_and_keys_its_policy(clean_policy, tmp_path, monkeypatch):
+    """The whole of tune() with small cells and a fake clock under which prefetching
+    costs 10% everywhere: every class that measures prefetch_max keeps 0."""
+    monkeypatch.setattr(_tune, "CELLS", {"medium": (64, 1024), "rows": (16, 4096), "long": (4, 40000)})
+
+    def prefetch_costs(fn, budget, cls):
+        fn()
+        return 1.1 if _core.tunables(cls)["prefetch_max"] else 1.0
+    path = tmp_path / "policy.json"
+    policy = _tune.tune(1, threads=2, path=str(path), progress=False, _measure=prefetch_costs)
+    on_disk = json.loads(path.read_text())
+    assert on_disk["key"] == _tune.machine_key() == policy["key"]
+    assert on_disk["measured"] == policy["measured"]
+    prefetching = [c for (d, r), names in _tune.PLAN.items() if "prefetch_max" in names
+                   for c in _core.class_names() if c.startswith(d) and _ROWS[r] in c]
+    assert sorted(policy["measured"]) == sorted(prefetching)
+    assert all(v == {"prefetch_max": 0} for v in policy["measured"].values())
+    for name, values in policy["measured"].items():
+        assert _core.tunables(_core.class_names().index(name))["prefetch_max"] == 0
+    assert cynorm.show_config()["policy"]["tuned"]
+
+
+_ROWS = {"medium": "<= 8 KB", "rows": "<= 64 KB", "long": "longer rows"}
+
+
+def _python(code, **env):
+    full = dict(os.environ)
+    full.pop("CYNORM_POLICY", None)
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=full, timeout=120)
+
+
+SHOW = """
+import json, numpy as np, cynorm
+e = cynorm.explain(np.empty((4096, 4096), np.float32), num_threads=1)
+print(json.dumps({"config": cynorm.show_config()["policy"], "explain": e["policy"],
+                  "prefetch_max": e["tunables"]["prefetch_max"]}))
+"""
+
+
+def _write_policy(directory, key, measured):
+    from cynorm._tune import cache_path
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / os.path.basename(cache_path(key))
+    path.write_text(json.dumps({"key": key, "measured": measured}))
+    return path
+
+
+def test_import_loads_this_machines_cache_file_and_explain_says_so(tmp_path):
+    cls = _core.class_names()[CLS]
+    _write_policy(tmp_path / "cynorm", _tune.machine_key(), {cls: {"prefetch_max": 0}})
+    r = _python(SHOW, XDG_CACHE_HOME=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["config"]["tuned"] and got["config"]["source"] == "cache" and got["config"]["decisions"] == 1
+    assert got["explain"]["class"] == cls and got["explain"]["measured"] == {"prefetch_max": 0}
+    assert "prefetch_max" not in got["explain"]["defaults"] and "stream_min_bytes" in got["explain"]["defaults"]
+    assert got["prefetch_max"] == 0
+    # CYNORM_POLICY=off: the defaults
+    r = _python(SHOW, XDG_CACHE_HOME=str(tmp_path), CYNORM_POLICY="off")
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert not got["config"]["tuned"] and got["prefetch_max"] == 8192 and got["explain"]["measured"] == {}
+
+
+def test_a_cache_file_for_another_machine_or_version_is_not_used(tmp_path):
+    cls = _core.class_names()[CLS]
+    for change in ({"version": "0.0.1"}, {"l3_bytes": 12345}, {"cpu_model": "another CPU"}):
+        key = dict(_tune.machine_key(), **change)
+        path = _write_policy(tmp_path / "cynorm", key, {cls: {"prefetch_max": 0}})
+        os.replace(path, tmp_path / "cynorm" / os.path.basename(_tune.cache_path()))   # even under this name
+        r = _python(SHOW, XDG_CACHE_HOME=str(tmp_path))
+        assert r.returncode == 0, r.stderr
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        assert not got["config"]["tuned"] and got["prefetch_max"] == 8192, change
+
+
+def test_cynorm_policy_names_a_file(tmp_path):
+    cls = _core.class_names()[CLS]
+    other = dict(_tune.machine_key(), cpu_model="another CPU")
+    path = _write_policy(tmp_path, other, {cls: {"prefetch_max": 0}})
+    r = _python(SHOW, CYNORM_POLICY=str(path), XDG_CACHE_HOME=str(tmp_path / "empty"))
+    assert r.returncode == 0, r.stderr
+    assert "measured on another machine" in r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["config"]["source"] == "CYNORM_POLICY" and got["prefetch_max"] == 0
+
+
+@pytest.mark.parametrize("content", ["not json", json.dumps({"measured": {"no such class": {"prefetch_max": 0}}}),
+                                     json.dumps([1, 2])])
+def test_a_broken_policy_file_warns_and_leaves_the_defaults(tmp_path, content):
+    path = tmp_path / "p.json"
+    path.write_text(content)
+    r = _python(SHOW, CYNORM_POLICY=str(path))
+    assert r.returncode == 0, r.stderr
+    assert "tuned policy not loaded" in r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert not got["config"]["tuned"] and got["prefetch_max"] == 8192
+
+
+def test_the_module_and_the_function_are_one(tmp_path):
+    import cynorm.tune as module
+    assert callable(module) and callable(cynorm.tune)
+    r = _python("import cynorm.tune, sys; sys.exit(0 if callable(cynorm.tune) else 1)")
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-m", "cynorm.tune", "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "--seconds" in r.stdout
