@@ -189,6 +189,60 @@ def test_freed_outputs_are_recycled_and_fully_overwritten():
         _alloc.set_recycle_limit(limit)
 
 
+def _mapping_of(addr):
+    """(start, end) of the /proc/self/maps line holding addr."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(v, 16) for v in line.split()[0].split("-"))
+            if lo <= addr < hi:
+                return lo, hi
+    return None
+
+
+@huge_pages
+@pytest.mark.parametrize("page", [16384, 65536])
+def test_outputs_on_larger_pages(page):
+    """On 16 KiB and 64 KiB kernels (faked here on top of the OS's pages) the
+    header before an output is one such page: it stays mapped (the part the
+    alignment skipped is given back in whole pages), the output is written and
+    read whole, recycled, and given back; mappings made before keep their own
+    header. On a real 64 KiB kernel the aarch64 CI job runs the same calls."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2048, 300)).astype(np.float32)        # 2.3 MiB outputs
+    limit = _alloc.recycle_limit()
+    before = cynorm.layer_norm(x)                                   # made with the OS's page
+    os_page = os.sysconf("SC_PAGE_SIZE")
+    assert _alloc._header_bytes(before) == os_page
+    try:
+        _alloc.set_recycle_limit(64 << 20)
+        _alloc._fake_page_size(page)
+        y = cynorm.layer_norm(x)
+        addr = y.ctypes.data
+        assert get_handler_name(y) == "cynorm_hugepages" and addr % HUGE == 0
+        assert _alloc._header_bytes(y) == page
+        lo, hi = _mapping_of(addr - page)                           # the header is mapped ...
+        assert lo <= addr - page and (addr - page) % page == 0       # ... from a page boundary
+        np.testing.assert_array_equal(y, before)
+        y[...] = 7                                                  # every byte writable
+        assert float(y.sum(dtype=np.float64)) == 7 * y.size
+        del y
+        z = cynorm.layer_norm(x)                                    # recycled: same mapping
+        assert z.ctypes.data == addr and _alloc.last_recycled()
+        np.testing.assert_array_equal(z, before)
+        _alloc._fake_page_size(0)
+        w = cynorm.layer_norm(x)                                    # a new one: the OS's page
+        assert _alloc._header_bytes(w) == os_page and _alloc._header_bytes(z) == page
+        del z, w, before
+        assert _alloc.release_recycled() > 0 and _alloc.recycled_bytes() == 0
+        assert _mapping_of(addr) is None or _mapping_of(addr)[1] <= addr   # given back
+    finally:
+        _alloc._fake_page_size(0)
+        _alloc.set_recycle_limit(limit)
+    for bad in (os_page // 2, 3 * os_page, 4 << 20):
+        with pytest.raises(ValueError, match="power of two from the OS's page"):
+            _alloc._fake_page_size(bad)
+
+
 @linux_only
 def test_recycle_env():
     """CYNORM_RECYCLE_MB sets the limit; a bad value is refused at import with a clear message."""

@@ -24,6 +24,8 @@ cdef extern from "cn_alloc.h":
     size_t cn_recycle_limit_now() nogil
     size_t cn_recycled_now() nogil
     int cn_last_recycled
+    int cn_set_fake_page(size_t page)
+    size_t cn_huge_header_of(const void *ptr)
 
 cdef extern from *:
     """
@@ -117,3 +119,15 @@ def empty(shape, dtype):
     finally:
         PyDataMem_SetHandler(previous)
 
+
+
+def _fake_page_size(nbytes):
+    """Tests only: make new outputs' headers `nbytes` long, as on a kernel with
+    pages that large (0: the OS's page again). Mappings made before keep theirs."""
+    if not cn_set_fake_page(int(nbytes)):
+        raise ValueError(f"cynorm: a fake page size must be 0 or a power of two from the OS's page to 2 MiB, got {nbytes}")
+
+
+def _header_bytes(cnp.ndarray a):
+    """Tests only: the header before an array made by empty() (the page it was made with)."""
+    return cn_huge_header_of(cnp.PyArray_DATA(a))

@@ -8,8 +8,10 @@
  * pages, and smaller arrays never get them.
  *
  * cn_huge_alloc maps the data on a 2 MiB boundary, advises MADV_HUGEPAGE and
- * frees with munmap. One 4 KiB page just before the data holds the mapping's
- * size. It is exposed to NumPy as a PyDataMem_Handler (NEP 49) so that the
+ * frees with munmap. One OS page just before the data (the header: 4 KiB on
+ * x86, up to 64 KiB on aarch64 kernels; cn_page_size) holds the mapping's size
+ * and the header's own size, so every mapping frees with the header it was
+ * made with. It is exposed to NumPy as a PyDataMem_Handler (NEP 49) so that the
  * arrays own their memory like any other. Linux only; elsewhere
  * cn_huge_available() is 0.
  *
@@ -28,12 +30,41 @@
 
 #include "cn_pages.h"
 
-#define CN_HUGE_HEADER ((size_t)4096)
-
 #if defined(__linux__)
 #include <sys/mman.h>
 
-static int cn_huge_available(void) { return 1; }
+/* A page size to use instead of the OS's (0: the OS's), larger than the OS's:
+ * lets a test on a 4 KiB machine run the arithmetic of a 64 KiB one. */
+static size_t cn_fake_page;
+
+/* the header of new mappings: one page (whole pages, or munmap of the part
+ * before it would take the header away too) */
+static size_t cn_huge_header(void)
+{
+    const size_t os = cn_page_size();
+    return cn_fake_page > os ? cn_fake_page : os;
+}
+
+/* pages larger than a huge page, or not a power of two: not for us */
+static int cn_huge_available(void)
+{
+    const size_t page = cn_huge_header();
+    return page >= sizeof(size_t) * 2 && page <= CN_HUGE_PAGE && (page & (page - 1)) == 0;
+}
+
+/* set cn_fake_page (0: none); 0 if refused (not a power of two in [OS page, 2 MiB]) */
+static int cn_set_fake_page(size_t page)
+{
+    if (page != 0 && (page < cn_page_size() || page > CN_HUGE_PAGE || (page & (page - 1)) != 0)) return 0;
+    cn_fake_page = page;
+    return 1;
+}
+
+/* a mapping's head: [0] its mapped bytes, [1] its header's bytes; the data's
+ * last word before it holds the header's bytes too, to find the head */
+static size_t cn_map_len(const char *head) { return ((const size_t *)head)[0]; }
+static size_t cn_map_header(const char *head) { return ((const size_t *)head)[1]; }
+static char *cn_head_of(const void *ptr) { return (char *)ptr - ((const size_t *)ptr)[-1]; }
 
 /* the data bytes mapped for `size` (whole huge pages); 0 when too large */
 static size_t cn_huge_len(size_t size)
@@ -45,19 +76,22 @@ static size_t cn_huge_len(size_t size)
 
 static void *cn_huge_alloc(size_t size)
 {
-    const size_t len = cn_huge_len(size);
-    if (len == 0) return NULL;
-    const size_t total = CN_HUGE_HEADER + len + CN_HUGE_PAGE;              /* room to align */
+    const size_t len = cn_huge_len(size), header = cn_huge_header();
+    if (len == 0 || !cn_huge_available()) return NULL;
+    const size_t total = header + len + CN_HUGE_PAGE;              /* room to align */
     char *base = (char *)mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == (char *)MAP_FAILED) return NULL;
-    char *data = (char *)(((uintptr_t)base + CN_HUGE_HEADER + CN_HUGE_PAGE - 1) & ~(uintptr_t)(CN_HUGE_PAGE - 1));
-    char *head = data - CN_HUGE_HEADER, *end = data + len;
-    /* give back what the alignment skipped, before and after */
+    char *data = (char *)(((uintptr_t)base + header + CN_HUGE_PAGE - 1) & ~(uintptr_t)(CN_HUGE_PAGE - 1));
+    char *head = data - header, *end = data + len;
+    /* give back what the alignment skipped, before and after (whole pages:
+     * base, head and end all lie on page boundaries) */
     if (head > base) munmap(base, (size_t)(head - base));
     if (base + total > end) munmap(end, (size_t)(base + total - end));
     /* the whole mapping (header page too, so it stays one VMA); failure (no THP) is harmless */
-    (void)madvise(head, CN_HUGE_HEADER + len, MADV_HUGEPAGE);
-    *(size_t *)head = CN_HUGE_HEADER + len;
+    (void)madvise(head, header + len, MADV_HUGEPAGE);
+    ((size_t *)head)[0] = header + len;
+    ((size_t *)head)[1] = header;
+    ((size_t *)data)[-1] = header;
     return data;
 }
 
@@ -71,7 +105,6 @@ static __thread int cn_last_recycled;             /* did this thread's last cn_h
 
 static void cn_recycle_lock(void) { while (__atomic_test_and_set(&cn_recycle_lock_flag, __ATOMIC_ACQUIRE)) {} }
 static void cn_recycle_unlock(void) { __atomic_clear(&cn_recycle_lock_flag, __ATOMIC_RELEASE); }
-static size_t cn_map_len(const char *head) { return *(const size_t *)head; }
 
 /* slot i taken out of the list (lock held) */
 static char *cn_recycle_remove(int i)
@@ -83,13 +116,13 @@ static char *cn_recycle_remove(int i)
     return head;
 }
 
-/* the newest kept mapping of exactly `len` bytes, taken out; NULL if none */
+/* the newest kept mapping of exactly `len` data bytes, taken out; NULL if none */
 static char *cn_recycle_take(size_t len)
 {
     char *head = NULL;
     cn_recycle_lock();
     for (int i = cn_recycled_count - 1; i >= 0 && head == NULL; i--)
-        if (cn_map_len(cn_recycled[i]) == len) head = cn_recycle_remove(i);
+        if (cn_map_len(cn_recycled[i]) - cn_map_header(cn_recycled[i]) == len) head = cn_recycle_remove(i);
     cn_recycle_unlock();
     return head;
 }
@@ -149,7 +182,7 @@ static size_t cn_recycled_now(void)
 static void cn_huge_free(void *ptr)
 {
     if (ptr == NULL) return;
-    (void)cn_recycle_keep((char *)ptr - CN_HUGE_HEADER, (size_t)-1);
+    (void)cn_recycle_keep(cn_head_of(ptr), (size_t)-1);
 }
 
 /* cn_huge_alloc, or a recycled mapping of the same size when recycle is set */
@@ -158,20 +191,29 @@ static void *cn_huge_alloc_any(size_t size, int recycle)
     const size_t len = cn_huge_len(size);
     cn_last_recycled = 0;
     if (recycle && len != 0) {
-        char *head = cn_recycle_take(CN_HUGE_HEADER + len);
+        char *head = cn_recycle_take(len);
         if (head != NULL) {
             cn_last_recycled = 1;
-            return head + CN_HUGE_HEADER;
+            return head + cn_map_header(head);
         }
     }
     return cn_huge_alloc(size);
 }
 
 /* usable bytes at ptr (whole huge pages) */
-static size_t cn_huge_size(const void *ptr) { return *(const size_t *)((const char *)ptr - CN_HUGE_HEADER) - CN_HUGE_HEADER; }
+static size_t cn_huge_size(const void *ptr)
+{
+    const char *head = cn_head_of(ptr);
+    return cn_map_len(head) - cn_map_header(head);
+}
+
+/* the header's bytes before ptr (a test reads it) */
+static size_t cn_huge_header_of(const void *ptr) { return ((const size_t *)ptr)[-1]; }
 
 #else
 static int cn_huge_available(void) { return 0; }
+static int cn_set_fake_page(size_t page) { return page == 0; }
+static size_t cn_huge_header_of(const void *ptr) { (void)ptr; return 0; }
 static void *cn_huge_alloc(size_t size) { (void)size; return NULL; }
 static void *cn_huge_alloc_any(size_t size, int recycle) { (void)size; (void)recycle; return NULL; }
 static void cn_huge_free(void *ptr) { (void)ptr; }

@@ -8,6 +8,24 @@
 
 #define CN_HUGE_PAGE ((size_t)2 << 20)
 
+/* The OS's page size: 4 KiB on x86, 4, 16 or 64 KiB on aarch64 kernels
+ * (Apple silicon and Asahi: 16 KiB; RHEL's and Grace's 64k kernels). Asked
+ * once per unit; never assume 4096. */
+#if defined(__linux__)
+#include <unistd.h>
+static inline size_t cn_page_size(void)
+{
+    static size_t page;
+    size_t p = __atomic_load_n(&page, __ATOMIC_RELAXED);
+    if (p == 0) {
+        const long s = sysconf(_SC_PAGESIZE);
+        p = s > 0 ? (size_t)s : 4096;
+        __atomic_store_n(&page, p, __ATOMIC_RELAXED);
+    }
+    return p;
+}
+#endif
+
 /* Fault in (writable) the pages of dst[0:bytes] now, without changing any
  * byte: MADV_POPULATE_WRITE (Linux 5.14+; elsewhere, or when refused, a no-op).
  * A fresh output's pages are zeroed by the OS on first touch, 2 MB at a time
@@ -24,7 +42,8 @@
 extern int madvise(void *addr, size_t len, int advice);
 static inline void cn_populate_write(void *dst, size_t bytes)
 {
-    uintptr_t a = (uintptr_t)dst & ~(uintptr_t)4095, e = ((uintptr_t)dst + bytes + 4095) & ~(uintptr_t)4095;
+    const uintptr_t m = (uintptr_t)cn_page_size() - 1;
+    uintptr_t a = (uintptr_t)dst & ~m, e = ((uintptr_t)dst + bytes + m) & ~m;
     if (bytes) (void)madvise((void *)a, (size_t)(e - a), MADV_POPULATE_WRITE);
 }
 
@@ -34,8 +53,9 @@ extern int mincore(void *addr, size_t len, unsigned char *vec);
 static inline int cn_pages_absent(void *dst, size_t bytes)
 {
     unsigned char in = 1;
-    uintptr_t mid = ((uintptr_t)dst + bytes / 2) & ~(uintptr_t)4095;
-    return bytes >= ((size_t)1 << 20) && mincore((void *)mid, 4096, &in) == 0 && !(in & 1);
+    const size_t page = cn_page_size();
+    uintptr_t mid = ((uintptr_t)dst + bytes / 2) & ~(uintptr_t)(page - 1);
+    return bytes >= ((size_t)1 << 20) && mincore((void *)mid, page, &in) == 0 && !(in & 1);
 }
 
 /* Ask for huge pages on the 2 MiB pages inside dst[0:bytes] not yet faulted
