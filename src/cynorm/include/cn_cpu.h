@@ -19,10 +19,21 @@
     X(avx512vl, 7, 0, 1, 31, 0xe6)              \
     X(avx512_bf16, 7, 1, 0, 5, 0xe6)
 
-/* The features' names, in bit order: cn_cpu_features() sets bit i for name i. */
+/* The aarch64 features: X(name, its bit in Linux's AT_HWCAP, macOS's sysctl).
+ * ASIMD (NEON) is part of every aarch64 CPU that Linux, macOS and Windows run
+ * on, but a kernel says so, and we ask. */
+#define CN_FOR_EACH_ARM_FEATURE(X)              \
+    X(asimd, 1, "hw.optional.neon")
+
+/* The features' names, in bit order (x86's, then aarch64's): cn_cpu_features()
+ * sets bit i for name i, of its own architecture's. */
 #define CN_FEATURE_NAME(name, ...) #name,
-static const char *const cn_cpu_feature_names[] = {CN_FOR_EACH_X86_FEATURE(CN_FEATURE_NAME) NULL};
+static const char *const cn_cpu_feature_names[] = {
+    CN_FOR_EACH_X86_FEATURE(CN_FEATURE_NAME) CN_FOR_EACH_ARM_FEATURE(CN_FEATURE_NAME) NULL};
 #undef CN_FEATURE_NAME
+#define CN_FEATURE_ONE(...) +1
+enum { CN_NUM_X86_FEATURES = 0 CN_FOR_EACH_X86_FEATURE(CN_FEATURE_ONE) };
+#undef CN_FEATURE_ONE
 
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__) || defined(_M_IX86)
 #  if defined(_MSC_VER) && !defined(__clang__)
@@ -69,8 +80,35 @@ static uint64_t cn_cpu_features(void)
 #undef CN_FEATURE_TEST
     return f;
 }
+#elif defined(__aarch64__) || defined(_M_ARM64)
+#  if defined(__linux__)
+#    include <sys/auxv.h>
+#    define CN_ARM_HAS(hwcap_bit, sysctl_name) ((getauxval(AT_HWCAP) >> (hwcap_bit)) & 1)
+#  elif defined(__APPLE__)
+#    include <sys/sysctl.h>
+static int cn_sysctl_flag(const char *name)
+{
+    int v = 0;
+    size_t len = sizeof v;
+    return sysctlbyname(name, &v, &len, NULL, 0) == 0 && v != 0;
+}
+#    define CN_ARM_HAS(hwcap_bit, sysctl_name) cn_sysctl_flag(sysctl_name)
+#  else
+#    define CN_ARM_HAS(hwcap_bit, sysctl_name) 1   /* Windows on Arm: ASIMD is required */
+#  endif
+static uint64_t cn_cpu_features(void)
+{
+    uint64_t f = 0;
+    int i = CN_NUM_X86_FEATURES;
+#define CN_FEATURE_TEST(name, hwcap_bit, sysctl_name)        \
+    if (CN_ARM_HAS(hwcap_bit, sysctl_name)) f |= (uint64_t)1 << i; \
+    i++;
+    CN_FOR_EACH_ARM_FEATURE(CN_FEATURE_TEST)
+#undef CN_FEATURE_TEST
+    return f;
+}
 #else
-static uint64_t cn_cpu_features(void) { return 0; }   /* no x86 features elsewhere */
+static uint64_t cn_cpu_features(void) { return 0; }   /* none known elsewhere */
 #endif
 
 #endif /* CN_CPU_H */

@@ -12,7 +12,7 @@
  * The same source is compiled once per ISA level, with that level's flags and
  * -DCN_LEVEL=<name>; the level's row of the table picks the section (never
  * -march=native): avx512 (F/BW/VL/DQ, + BF16 where the level has hw_bf16) |
- * avx2 (+ FMA, F16C) | generic. The generic section is plain C that any
+ * avx2 (+ FMA, F16C) | neon (aarch64's ASIMD) | generic. The generic section is plain C that any
  * compiler can auto-vectorize; it serves the baseline level, every
  * architecture without a section of its own, and the units compiled without
  * a level (the orchestration).
@@ -58,6 +58,11 @@
 #    error "this unit's compiler flags do not enable its level's instructions (meson.build's table)"
 #  endif
 #  define CN_AVX2 1
+#elif CN_SIMD == CN_SIMD_neon
+#  if !(defined(__aarch64__) || defined(_M_ARM64))
+#    error "the neon level is for aarch64 (meson.build's table)"
+#  endif
+#  define CN_NEON 1
 #else
 #  define CN_GENERIC 1
 #endif
@@ -183,6 +188,8 @@ CN_INLINE cn_f16 cn_scalar_to_f16(double v) { return cn_f32_to_f16((float)v); }
 #  include "cn_simd_avx512.h"
 #elif defined(CN_AVX2)
 #  include "cn_simd_avx2.h"
+#elif defined(CN_NEON)
+#  include "cn_simd_neon.h"
 #else
 #  include "cn_simd_generic.h"
 #endif

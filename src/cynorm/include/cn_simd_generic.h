@@ -79,7 +79,7 @@ CN_INLINE void cn_stream_fence(void) {}
  * bits: Boldo and Melquiond's rounding to odd). */
 CN_INLINE float cn_fmaf(float a, float b, float c)
 {
-#  if defined(__FP_FAST_FMAF)
+#  if defined(__FP_FAST_FMAF) || defined(__ARM_FEATURE_FMA)   /* (clang on aarch64 defines only the latter) */
     return fmaf(a, b, c);
 #  else
     const double p = (double)a * (double)b, s = p + (double)c;
