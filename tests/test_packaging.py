@@ -95,7 +95,7 @@ def test_conda_recipe_follows_conda_forge_rules():
 @needs_sources
 def test_v1_recipe_renders_for_native_and_cross_targets():
     """recipe.yaml (rattler-build's v1 format), rendered offline for a native and
-    two cross targets: the same dependencies and tests as meta.yaml and pyproject."""
+    three cross targets (linux-aarch64, osx-arm64, win-64): the same dependencies and tests as meta.yaml and pyproject."""
     rb = pytest.importorskip("rattler_build", reason="py-rattler-build (in the [test] extra) is not installed")
     from rattler_build.render import RenderConfig
     from rattler_build.tool_config import PlatformConfig
@@ -104,13 +104,17 @@ def test_v1_recipe_renders_for_native_and_cross_targets():
     assert recipe.to_dict()["build"]["skip"] == ['match(python, "<3.10")']
     meta = _pyproject()["project"]
     variants = rb.VariantConfig({"python": ["3.12"], "c_stdlib": ["sysroot"], "c_stdlib_version": ["2.17"]})
-    for target, runtime in (("linux-64", "libgomp"), ("linux-aarch64", "libgomp"), ("osx-arm64", "llvm-openmp")):
+    # (win-64: MSVC's OpenMP runtime, vcomp, comes with the compiler's runtime)
+    for target, runtime in (("linux-64", "libgomp"), ("linux-aarch64", "libgomp"), ("osx-arm64", "llvm-openmp"),
+                            ("win-64", None)):
         (rendered,) = recipe.render(variants, RenderConfig(platform=PlatformConfig(target_platform=target)))
         d = rendered.recipe.to_dict()
         from cynorm._version import __version__
         assert d["package"] == {"name": meta["name"], "version": __version__}
         req = d["requirements"]
-        assert runtime in req["build"] and runtime in req["host"], (target, req)
+        for other in ("libgomp", "llvm-openmp"):
+            wanted = other == runtime
+            assert (other in req["build"] and other in req["host"]) == wanted, (target, other, req)
         assert "numpy" in req["host"]
         cross = target != "linux-64"
         assert (f"cross-python_{target}" in req["build"]) == cross, (target, req["build"])
@@ -120,3 +124,26 @@ def test_v1_recipe_renders_for_native_and_cross_targets():
         scripts = [line for t in d["tests"] for line in t.get("script", [])]
         assert any("show_config()['openmp']" in line for line in scripts)
         assert any(t.get("python", {}).get("pip_check", True) for t in d["tests"] if "python" in t)
+
+
+@needs_sources
+def test_cibuildwheel_builds_every_classified_python_on_three_oses():
+    """[tool.cibuildwheel] selects, per OS, a CPython wheel for every Python the
+    classifiers list: Linux x86_64 and aarch64, macOS arm64 and x86_64, Windows
+    AMD64; and its test command runs the golden hashes."""
+    import subprocess
+    import shutil
+
+    exe = shutil.which("cibuildwheel") or pytest.skip("cibuildwheel (in the [test] extra) is not installed")
+    meta = _pyproject()
+    versions = [c.rsplit(" ", 1)[1].replace(".", "") for c in meta["project"]["classifiers"]
+                if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)]
+    assert "test_golden.py" in meta["tool"]["cibuildwheel"]["test-command"]
+    for platform, archs in (("linux", ["manylinux_x86_64", "manylinux_aarch64"]),
+                            ("macos", ["macosx_arm64", "macosx_x86_64"]), ("windows", ["win_amd64"])):
+        r = subprocess.run([exe, "--print-build-identifiers", "--platform", platform, ROOT],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        got = set(r.stdout.split())
+        want = {f"cp{v}-{a}" for v in versions for a in archs}
+        assert got == want, (platform, sorted(got ^ want))
