@@ -64,7 +64,7 @@ CN_GEN_IO(cn_vd, CN_VD_LANES, f64, double, CN_SAME, CN_SAME)
 #define cn_vf_stream_bf16 cn_vf_store_bf16
 #define cn_vf_stream_f16 cn_vf_store_f16
 #define cn_vd_stream_f64 cn_vd_store_f64
-#if defined(__SSE2__)
+#if defined(__SSE2__) || defined(_M_X64)
 #include <emmintrin.h>
 /* (cn_copy_stream, cn_pages.h, streams wherever SSE2 is there: x86-64) */
 CN_INLINE void cn_stream_fence(void) { _mm_sfence(); }
@@ -95,6 +95,69 @@ CN_INLINE float cn_fmaf(float a, float b, float c)
     return (float)s;
 #  endif
 }
+#if !(defined(__FP_FAST_FMAF) || defined(__ARM_FEATURE_FMA)) && (defined(__SSE2__) || defined(_M_X64))
+#  if defined(__GNUC__)
+/* inlined even here (a call passes three 64-byte structs through memory): a
+ * few dozen SSE2 instructions per use */
+#    define CN_FMA_INLINE static inline __attribute__((always_inline))
+#  else
+#    define CN_FMA_INLINE static inline
+#  endif
+/* x86-64 without FMA (the baseline level): cn_fmaf two lanes at a time in SSE2
+ * doubles, without branches. Rounding to odd as one step: s - 1 (in its bits)
+ * where s lies further from zero than the exact sum, then the last bit set
+ * where inexact; that is the odd neighbour towards the exact sum or s itself
+ * when s is odd, as in cn_fmaf. Inf and NaN sums are kept as they are. */
+CN_FMA_INLINE __m128 cn_fma2_sse2(__m128d p, __m128d c)   /* (float)round_to_odd(p + c), in the low two lanes */
+{
+    const __m128d s = _mm_add_pd(p, c), bv = _mm_sub_pd(s, p);
+    const __m128d err = _mm_add_pd(_mm_sub_pd(p, _mm_sub_pd(s, bv)), _mm_sub_pd(c, bv));
+    const __m128d zero = _mm_setzero_pd();
+    const __m128d abs_s = _mm_andnot_pd(_mm_set1_pd(-0.0), s);
+    const __m128d inexact = _mm_and_pd(_mm_cmpneq_pd(err, zero), _mm_cmple_pd(abs_s, _mm_set1_pd(1.7976931348623157e308)));
+    const __m128d down = _mm_and_pd(inexact, _mm_xor_pd(_mm_cmplt_pd(err, zero), _mm_cmplt_pd(s, zero)));
+    __m128i u = _mm_add_epi64(_mm_castpd_si128(s), _mm_castpd_si128(down));       /* all ones: -1 */
+    u = _mm_or_si128(u, _mm_and_si128(_mm_castpd_si128(inexact), _mm_set_epi64x(1, 1)));
+    return _mm_cvtpd_ps(_mm_castsi128_pd(u));
+}
+/* 1 in a lane's low bit where the double s would round to float differently
+ * from the exact sum it stands for: s on a float rounding midpoint (the low 29
+ * bits of its significand 1 followed by zeros; those bits lie in the low dword)
+ * or in the float subnormal range (a coarser grid). Elsewhere (float)s is the
+ * float nearest the exact sum: rounding to double cannot step over a midpoint,
+ * which is a double, without landing on it. */
+CN_FMA_INLINE int cn_fma2_needs_odd(__m128d s)
+{
+    const __m128i low = _mm_and_si128(_mm_castpd_si128(s), _mm_set1_epi64x(0x1FFFFFFF));
+    const __m128i mid = _mm_cmpeq_epi32(low, _mm_set1_epi64x(0x10000000));   /* (low dwords; high ones 0 == 0) */
+    const __m128d abs_s = _mm_andnot_pd(_mm_set1_pd(-0.0), s);
+    const __m128d tiny = _mm_and_pd(_mm_cmplt_pd(abs_s, _mm_set1_pd(1.1754943508222875e-38)),
+                                    _mm_cmpneq_pd(s, _mm_setzero_pd()));
+    return (_mm_movemask_ps(_mm_castsi128_ps(mid)) & 5) | _mm_movemask_pd(tiny);
+}
+/* a*b + c (negate: c - a*b), four lanes: a*b is exact in double, and the sum in
+ * double rounds to float correctly unless cn_fma2_needs_odd (rare: then both
+ * pairs round to odd first) */
+CN_FMA_INLINE __m128 cn_fma4_sse2(__m128 a, __m128 b, __m128 c, int negate)
+{
+    if (negate) a = _mm_xor_ps(a, _mm_set1_ps(-0.0f));
+    const __m128 ah = _mm_movehl_ps(a, a), bh = _mm_movehl_ps(b, b), ch = _mm_movehl_ps(c, c);
+    const __m128d plo = _mm_mul_pd(_mm_cvtps_pd(a), _mm_cvtps_pd(b)), clo = _mm_cvtps_pd(c);
+    const __m128d phi = _mm_mul_pd(_mm_cvtps_pd(ah), _mm_cvtps_pd(bh)), chi = _mm_cvtps_pd(ch);
+    const __m128d slo = _mm_add_pd(plo, clo), shi = _mm_add_pd(phi, chi);
+    if (CN_UNLIKELY(cn_fma2_needs_odd(slo) | cn_fma2_needs_odd(shi)))
+        return _mm_movelh_ps(cn_fma2_sse2(plo, clo), cn_fma2_sse2(phi, chi));
+    return _mm_movelh_ps(_mm_cvtpd_ps(slo), _mm_cvtpd_ps(shi));
+}
+CN_FMA_INLINE cn_vf cn_vf_fma_sse2(cn_vf a, cn_vf b, cn_vf c, int negate)
+{
+    for (int i = 0; i < CN_VF_LANES; i += 4)
+        _mm_storeu_ps(c.v + i, cn_fma4_sse2(_mm_loadu_ps(a.v + i), _mm_loadu_ps(b.v + i), _mm_loadu_ps(c.v + i), negate));
+    return c;
+}
+CN_FMA_INLINE cn_vf cn_vf_mul_add(cn_vf a, cn_vf b, cn_vf c) { return cn_vf_fma_sse2(a, b, c, 0); }
+CN_FMA_INLINE cn_vf cn_vf_mul_sub_from(cn_vf a, cn_vf b, cn_vf c) { return cn_vf_fma_sse2(a, b, c, 1); }
+#else
 CN_INLINE cn_vf cn_vf_mul_add(cn_vf a, cn_vf b, cn_vf c)
 {
     for (int i = 0; i < CN_VF_LANES; i++) c.v[i] = cn_fmaf(a.v[i], b.v[i], c.v[i]);
@@ -105,5 +168,6 @@ CN_INLINE cn_vf cn_vf_mul_sub_from(cn_vf a, cn_vf b, cn_vf c)
     for (int i = 0; i < CN_VF_LANES; i++) c.v[i] = cn_fmaf(-a.v[i], b.v[i], c.v[i]);
     return c;
 }
+#endif
 
 #endif /* CN_SIMD_GENERIC_H */
