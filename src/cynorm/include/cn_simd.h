@@ -73,13 +73,18 @@
 #  define CN_ALIGNED64 __attribute__((aligned(64)))
 #endif
 
+/* Sanitizer/debug builds, and the portable level, do not force inlining (any
+ * compiler): forcing every helper inline makes a plain-C unit (8 scalar lanes
+ * per vector operation) compile for minutes. */
 #if defined(_MSC_VER) && !defined(__clang__)
-#  define CN_INLINE static __forceinline
+#  if defined(CN_NO_FORCE_INLINE) || defined(CN_GENERIC)
+#    define CN_INLINE static __inline
+#  else
+#    define CN_INLINE static __forceinline
+#  endif
 #  define CN_UNLIKELY(c) (c)
 #  define CN_UNROLL
 #elif defined(CN_NO_FORCE_INLINE) || defined(CN_GENERIC)
-/* sanitizer/debug builds, and the portable level: forcing every helper inline
- * makes a plain-C unit (8 scalar lanes per vector operation) compile for minutes */
 #  define CN_INLINE static inline
 #  define CN_UNLIKELY(c) __builtin_expect(!!(c), 0)
 #  define CN_UNROLL
