@@ -60,10 +60,41 @@ def test_a_win_that_does_not_repeat_is_not_kept(clean_policy):
     assert len(calls) == 12   # two comparisons of 3 rounds x 2 settings
 
 
+@pytest.mark.parametrize("guard_time, kept", [(1.10, 8192), (1.02, 0), (0.95, 0)])
+def test_an_alternative_that_slows_a_guard_cell_is_not_kept(clean_policy, guard_time, kept):
+    """prefetch_max=0 wins 10% on the deciding cell; a guard cell (a small array of the
+    same class) vetoes it when it loses more than the margin there."""
+    def main():
+        pass
+
+    def guard():
+        pass
+
+    def measure(fn, budget, cls):
+        off = _core.tunables(cls)["prefetch_max"] == 0
+        return (0.9 if off else 1.0) if fn is main else (guard_time if off else 1.0)
+
+    def install(cls, values):
+        _core.set_class_tunables({cls: values} if values else {})
+    value, ratios = _tune.decide(main, CLS, "prefetch_max", {}, install, 3, 0.0, measure, guards=[guard])
+    assert value == kept
+    assert ratios[0] == pytest.approx(guard_time if kept else 0.9)
+
+
+def test_guard_cells_are_in_their_representatives_class():
+    for rows, shapes in _tune.CELLS.items():
+        for bwd in (False, True):
+            for pair in (0, 2):
+                for threads in (1, 2):
+                    classes = {_core.class_of(bwd, pair, s[0], s[1], threads) for s in shapes}
+                    assert len(classes) == 1, (rows, shapes)
+
+
 def test_tune_writes_applies_and_keys_its_policy(clean_policy, tmp_path, monkeypatch):
     """The whole of tune() with small cells and a fake clock under which prefetching
     costs 10% everywhere: every class that measures prefetch_max keeps 0."""
-    monkeypatch.setattr(_tune, "CELLS", {"medium": (64, 1024), "rows": (16, 4096), "long": (4, 40000)})
+    monkeypatch.setattr(_tune, "CELLS", {"medium": [(64, 1024), (8, 128)], "rows": [(16, 4096)],
+                                         "long": [(4, 40000)]})
 
     def prefetch_costs(fn, budget, cls):
         fn()

@@ -33,8 +33,13 @@ ENV_VAR = "CYNORM_POLICY"
 NEVER = 1 << 60
 MARGIN = 0.03           # an alternative must be this much faster, twice
 
-#: the cells that stand for each row class (one per class: 32-bit and 16-bit data alike)
-CELLS = {"medium": (16384, 1024), "rows": (4096, 4096), "long": (64, 200704)}
+#: the cells that stand for each row class (32-bit and 16-bit data alike): the first
+#: decides; the others are guards, small arrays of the same class that an alternative
+#: must not slow down beyond noise (a setting that helps a large array can cost a
+#: small one its few microseconds)
+CELLS = {"medium": [(16384, 1024), (32, 128)], "rows": [(4096, 4096), (8, 4096)], "long": [(64, 200704)]}
+#: a measured call of a guard cell repeats the kernel until it takes about this long
+GUARD_SECONDS = 200e-6
 
 _ROW_CLASS_NAMES = {"medium": "rows of <= 8 KB", "rows": "rows of <= 64 KB", "long": "longer rows"}
 
@@ -199,27 +204,47 @@ def _compare(fn, settings, rounds, budget, measure=None):
     return [statistics.median(g) for g in got]
 
 
-def decide(fn, cls, name, current, install, rounds, budget, measure=None):
+def decide(fn, cls, name, current, install, rounds, budget, measure=None, guards=()):
     """Whether an alternative of tunable `name` beats its value in class `cls`: each
     alternative timed against the value in use, kept only where it is MARGIN faster in
-    two separate comparisons. Returns (value to keep, {alternative: time ratio}).
-    measure(fn, budget, cls): a stand-in for the clock (tests)."""
+    two separate comparisons on `fn` and no more than MARGIN slower on any of `guards`
+    (other calls of the same class). Returns (value to keep, {alternative: time ratio});
+    a guard's veto shows as its ratio, above 1. measure(fn, budget, cls): a stand-in
+    for the clock (tests)."""
     measure = _round if measure is None else (lambda f, b, m=measure: m(f, b, cls))
     base = current.get(name, _core.tunables(cls)[name])
     best, ratios = base, {}
     for alt in _OFF_OR_ON[name](base):
-        times = _compare(fn, [lambda: install(cls, dict(current, **{name: best})),
-                              lambda: install(cls, dict(current, **{name: alt}))], rounds, budget, measure)
+        with_best = lambda: install(cls, dict(current, **{name: best}))     # noqa: E731
+        with_alt = lambda: install(cls, dict(current, **{name: alt}))       # noqa: E731
+        times = _compare(fn, [with_best, with_alt], rounds, budget, measure)
         ratio = times[1] / times[0]
         if ratio < 1 - MARGIN:   # confirm: a second comparison, the order turned around
-            again = _compare(fn, [lambda: install(cls, dict(current, **{name: alt})),
-                                  lambda: install(cls, dict(current, **{name: best}))], rounds, budget, measure)
+            again = _compare(fn, [with_alt, with_best], rounds, budget, measure)
             ratio = max(ratio, again[0] / again[1])
+        for guard in guards if ratio < 1 - MARGIN else ():
+            times = _compare(guard, [with_best, with_alt], rounds, budget, measure)
+            if times[1] / times[0] > 1 + MARGIN:
+                ratio = times[1] / times[0]
+                break
         ratios[alt] = ratio
         if ratio < 1 - MARGIN:
             best = alt
     install(cls, dict(current, **{name: best}))
     return best, ratios
+
+
+def _repeated(fn):
+    """fn, repeated so that one call of the result takes about GUARD_SECONDS."""
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    reps = max(1, int(GUARD_SECONDS / max(time.perf_counter() - t0, 1e-7)))
+
+    def calls():
+        for _ in range(reps):
+            fn()
+    return calls
 
 
 def _progress(done, total, what, start, out):
@@ -267,20 +292,24 @@ def tune(seconds=120, *, threads=None, save=True, path=None, progress=True, _mea
     data_key, data = None, None
     try:
         for direction, rows, dtype, t, tunables in jobs:
-            shape = CELLS[rows]
-            if data_key != (shape, dtype):
-                data_key, data = (shape, dtype), None
-                data = _data(shape, dtype)
+            shape, *guard_shapes = CELLS[rows]
+            if data_key != (rows, dtype):
+                data_key, data = (rows, dtype), None
+                data = [_data(s, dtype) for s in CELLS[rows]]
             pair = 0 if dtype.itemsize == 4 else 2
             cls = _core.class_of(direction == "bwd", pair, shape[0], shape[1], t)
+            for s in CELLS[rows]:
+                if _core.class_of(direction == "bwd", pair, s[0], s[1], t) != cls:
+                    raise ValueError(f"cynorm.tune: cell {s} of {dtype} is not in class {names[cls]!r}")
             if _ROW_CLASS_NAMES[rows] not in names[cls]:
                 raise ValueError(f"cynorm.tune: cell {shape} of {dtype} is in class {names[cls]!r}, not {rows}")
-            fn = _call(data, direction, t)
+            fn = _call(data[0], direction, t)
             fn()
+            guards = [_repeated(_call(d, direction, t)) for d in data[1:]]
             current = {}
             for name in tunables:
                 _progress(done, total, f"{names[cls]}: {name}", start, out)
-                value, r = decide(fn, cls, name, current, install, rounds, budget, _measure)
+                value, r = decide(fn, cls, name, current, install, rounds, budget, _measure, guards)
                 ratios.setdefault(names[cls], {})[name] = {str(k): round(v, 3) for k, v in r.items()}
                 if value != _core.tunables(-1)[name]:
                     current[name] = value
