@@ -105,6 +105,48 @@ def rms_norm_backward(dy, x, rstd, weight=None, axis=-1):
     return _out(dx, (dy * xhat).sum(axis=lead))
 
 
+def _channels_first(a, channel_axis):
+    """a as (N, C, ...) and the function that puts an array of that layout back."""
+    if a.ndim > 2 and channel_axis % a.ndim == a.ndim - 1:
+        return np.moveaxis(a, -1, 1), lambda b: np.moveaxis(b, 1, -1)
+    return a, lambda b: b
+
+
+@_quiet
+def group_norm(x, num_groups, weight=None, bias=None, channel_axis=1, eps=1e-5):
+    """(y, mean, rstd) in float64; mean/rstd of shape (N, num_groups). Each
+    sample's group is LayerNorm's row; the affine is per channel."""
+    xc, back = _channels_first(_f64(x), channel_axis)
+    N, C = xc.shape[:2]
+    y, mean, rstd = layer_norm(xc.reshape(N, num_groups, -1), eps=eps)
+    y = y.reshape(xc.shape)
+    per_channel = (1, C) + (1,) * (xc.ndim - 2)
+    if weight is not None:
+        y = y * _f64(weight).reshape(per_channel)
+    if bias is not None:
+        y = y + _f64(bias).reshape(per_channel)
+    return _out(back(y), mean.reshape(N, num_groups), rstd.reshape(N, num_groups))
+
+
+@_quiet
+def group_norm_backward(dy, x, mean, rstd, num_groups, weight=None, channel_axis=1):
+    """(dx, dweight, dbias) in float64 from the given mean/rstd."""
+    xc, back = _channels_first(_f64(x), channel_axis)
+    dyc, _ = _channels_first(_f64(dy), channel_axis)
+    N, C = xc.shape[:2]
+    G = num_groups
+    xg, dyg = xc.reshape(N, G, C // G, -1), dyc.reshape(N, G, C // G, -1)
+    m, r = _f64(mean).reshape(N, G, 1, 1), _f64(rstd).reshape(N, G, 1, 1)
+    xhat = (xg - m) * r
+    g = dyg * _f64(weight).reshape(1, G, C // G, 1) if weight is not None else dyg
+    c1 = g.mean(axis=(2, 3), keepdims=True)
+    c2 = (g * xhat).mean(axis=(2, 3), keepdims=True)
+    dx = back((r * (g - c1 - xhat * c2)).reshape(xc.shape))
+    if weight is None:
+        return _out(dx, None, None)
+    return _out(dx, (dyg * xhat).sum(axis=(0, 3)).reshape(C), dyg.sum(axis=(0, 3)).reshape(C))
+
+
 # ----------------------------------------------------------- rounding oracle --
 
 #: (explicit significand bits, min normal exponent) of the narrow formats

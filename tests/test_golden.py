@@ -2,7 +2,7 @@
 the same bits, and they are the bits in tests/golden_hashes.json, written on
 another machine. So a laptop (AVX2), a server (AVX-512) and CI agree.
 
-The cases: both norms x every dtype pair x 1 and 2 threads x rows from 16
+The cases: LayerNorm, RMSNorm and GroupNorm x every dtype pair x 1 and 2 threads x rows from 16
 to 33000 elements (in registers, medium, chunked, the team path), C,H,W, an
 8 MB array (streaming stores), and rows full of specials (NaN, inf, subnormals,
 1e30, constant rows). Inputs come from integer hashing, not from NumPy's random
@@ -36,6 +36,12 @@ SHAPES = [((3, 8, 16), 2, False), ((37, 16), 1, False), ((50, 24), 1, False), ((
           ((21, 64), 1, False), ((20, 65), 1, False), ((17, 300), 1, False), ((9, 1024), 1, False),
           ((7, 2100), 1, False), ((5, 4100), 1, False), ((3, 9000), 1, False), ((2, 33000), 1, False),
           ((2, 8, 28, 28), 1, False), ((1024, 2048), 1, False), ((9, 300), 1, True), ((9, 2500), 1, True)]
+#: GroupNorm: (shape, num_groups, channel_axis, specials): channels-first and -last, no
+#: spatial dims, 3-d, InstanceNorm, one group of 8192 (chunked moments), a channel tail
+GROUP_SHAPES = [((2, 32, 5, 7), 8, 1, False), ((2, 5, 7, 32), 8, -1, False), ((3, 12), 3, 1, False),
+                ((2, 6, 4, 3, 5), 6, 1, False), ((2, 4, 3, 5, 6), 6, -1, False), ((2, 8, 32, 32), 1, 1, False),
+                ((2, 17, 19, 40), 4, -1, False), ((3, 40, 9, 9), 40, 1, False), ((4, 8, 30), 2, 1, True),
+                ((4, 30, 8), 2, -1, True)]
 
 
 def _uniform(n, seed):
@@ -67,7 +73,7 @@ def _inputs(shape, axis, specials, pair, seed):
         pick = (_uniform(flat.size, seed + 2) * len(_SPECIALS)).astype(int)
         flat[::7] = _SPECIALS[pick[::7]]
         x[0], x[1], x[2] = 5.0, 1e30, 1e-38
-    ns = shape[axis:]
+    ns = shape[axis:] if isinstance(axis, int) else (shape[axis[1]],)   # GroupNorm: (num_groups, channel_axis)
     w = 1 + 0.5 * _normalish(ns, seed + 3, 1.0, 0.0)
     b = 0.5 * _normalish(ns, seed + 4, 1.0, 0.0)
     with np.errstate(over="ignore"):
@@ -88,6 +94,12 @@ def cases():
                 for threads in (1, 2):
                     name = f"{norm} {pair[0]}/{pair[1]} {shape} axis={axis}{' specials' if specials else ''} T={threads}"
                     yield name, shape, axis, specials, pair, norm, threads
+    for shape, G, channel_axis, specials in GROUP_SHAPES:
+        for pair in PAIRS:
+            for threads in (1, 2):
+                name = (f"group {pair[0]}/{pair[1]} {shape} groups={G} channel_axis={channel_axis}"
+                        f"{' specials' if specials else ''} T={threads}")
+                yield name, shape, (G, channel_axis), specials, pair, "group", threads
 
 
 def run_all():
@@ -96,7 +108,13 @@ def run_all():
     with np.errstate(all="ignore"):
         for name, shape, axis, specials, pair, norm, T in cases():
             x, dy, w, b = _inputs(shape, axis, specials, pair, zlib.crc32(str((shape, axis, pair)).encode()))
-            if norm == "layer":
+            if norm == "group":
+                G, ca = axis
+                y, mean, rstd = cynorm.group_norm_forward(x, G, w, b, channel_axis=ca, num_threads=T)
+                dx, dw, db = cynorm.group_norm_backward(dy, x, mean, rstd, w, num_groups=G, channel_axis=ca,
+                                                        num_threads=T)
+                got = dict(y=y, mean=mean, rstd=rstd, dx=dx, dweight=dw, dbias=db)
+            elif norm == "layer":
                 y, mean, rstd = cynorm.layer_norm_forward(x, w, b, axis=axis, num_threads=T)
                 dx, dw, db = cynorm.layer_norm_backward(dy, x, mean, rstd, w, axis=axis, num_threads=T)
                 got = dict(y=y, mean=mean, rstd=rstd, dx=dx, dweight=dw, dbias=db)

@@ -20,6 +20,14 @@ from ._api import (
     rms_norm_forward,
 )
 from ._fused import add_layer_norm_backward, add_layer_norm_forward, add_rms_norm_backward, add_rms_norm_forward
+from ._group import (
+    group_norm,
+    group_norm_backward,
+    group_norm_forward,
+    instance_norm,
+    instance_norm_backward,
+    instance_norm_forward,
+)
 from ._alloc import release_recycled
 from ._config import show_config
 from ._threads import get_num_threads
@@ -46,6 +54,12 @@ __all__ = [
     "add_layer_norm_backward",
     "add_rms_norm_forward",
     "add_rms_norm_backward",
+    "group_norm",
+    "group_norm_forward",
+    "group_norm_backward",
+    "instance_norm",
+    "instance_norm_forward",
+    "instance_norm_backward",
     "show_config",
     "release_recycled",
     "get_num_threads",

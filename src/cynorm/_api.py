@@ -64,9 +64,9 @@ def _input(a, name):
     return a
 
 
-def _params(x_dtype, norm_shape, weight, bias):
+def _params(x_dtype, norm_shape, weight, bias, what="x.shape[axis:]"):
     """Check weight/bias; returns (pair, weight, bias) as ndarrays or None (the kernel
-    entry makes them C-contiguous)."""
+    entry makes them C-contiguous). what: how messages name their shape."""
     # fast path: ndarrays (or None) of the right shape and a supported dtype pair;
     # the kernel entry copies non-contiguous ones
     if (weight is None or type(weight) is _ndarray) and (bias is None or type(bias) is _ndarray):
@@ -86,7 +86,7 @@ def _params(x_dtype, norm_shape, weight, bias):
                 p = _native(p)
         arrays.append(p)
     weight, bias = arrays
-    return _checks.params(x_dtype, norm_shape, weight, bias), weight, bias
+    return _checks.params(x_dtype, norm_shape, weight, bias, what), weight, bias
 
 
 def _stats(stat, name, shape, axis, dtype):

@@ -90,11 +90,12 @@ def layout(shape, ax):
     return ax, math.prod(shape[:ax]), n, norm_shape, shape[:ax] + (1,) * (ndim - ax)
 
 
-def params(xdt, norm_shape, weight, bias):
-    """The Pair for x's dtype and its weight/bias (each None or with .shape and .dtype)."""
+def params(xdt, norm_shape, weight, bias, what="x.shape[axis:]"):
+    """The Pair for x's dtype and its weight/bias (each None or with .shape and .dtype);
+    what: how the message names their expected shape."""
     for name, p in (("weight", weight), ("bias", bias)):
         if p is not None and tuple(p.shape) != tuple(norm_shape):
-            raise ValueError(f"cynorm: {name} must have shape x.shape[axis:] = {tuple(norm_shape)}, "
+            raise ValueError(f"cynorm: {name} must have shape {what} = {tuple(norm_shape)}, "
                              f"got {tuple(p.shape)}")
     if weight is not None and bias is not None and np.dtype(weight.dtype) != np.dtype(bias.dtype):
         raise TypeError(f"cynorm: weight and bias must have the same dtype, got {weight.dtype} and {bias.dtype}; "
@@ -115,6 +116,47 @@ def pair(xdt, param_dtype):
             f"Supported (x, weight/bias) pairs: {_dtypes.supported_pairs_text()}. "
             f"Fix: cast weight and bias to {' or '.join(options)}, e.g. weight.astype(np.{options[-1]}).")
     return found
+
+
+def group_layout(shape, num_groups, channel_axis):
+    """GroupNorm of an array of this shape: (channels_last, N, C, S, G), S the
+    product of the spatial dims (1 with none)."""
+    shape = tuple(shape)
+    ndim = len(shape)
+    if ndim < 2:
+        raise ValueError(f"cynorm: group_norm needs x with a batch and a channel axis (ndim >= 2), got shape {shape}")
+    if _is_bool(num_groups):
+        raise TypeError("cynorm: num_groups must be an int >= 1, got a bool")
+    try:
+        G = operator.index(num_groups)
+    except TypeError:
+        raise TypeError(f"cynorm: num_groups must be an int >= 1, got {type(num_groups).__name__}") from None
+    if _is_bool(channel_axis) or not isinstance(channel_axis, (numbers.Integral, np.integer)):
+        raise TypeError(f"cynorm: channel_axis must be an int (1 or -1), got {type(channel_axis).__name__}")
+    ax = int(channel_axis) + ndim if channel_axis < 0 else int(channel_axis)
+    if ax not in (1, ndim - 1):
+        raise ValueError(f"cynorm: channel_axis must be 1 (channels-first, NCHW) or -1 (channels-last, NHWC) "
+                         f"for an array of shape {shape}, got {channel_axis}")
+    channels_last = ax == ndim - 1 and ndim > 2
+    C = shape[ax]
+    spatial = shape[2:] if ax == 1 else shape[1:-1]
+    S = math.prod(spatial)
+    if G < 1:
+        raise ValueError(f"cynorm: num_groups must be >= 1, got {G}")
+    if C % G:
+        raise ValueError(f"cynorm: num_groups={G} must divide the number of channels, {C} (x.shape[{ax}])")
+    if C == 0 or S == 0:
+        raise ValueError(f"cynorm: each group of x (shape {shape}) would normalize over zero elements")
+    return channels_last, shape[0], C, S, G
+
+
+def group_stats(name, shape, dtype, N, G, stat_dtype):
+    """A mean/rstd argument of the GroupNorm backward: (N, G) and the forward's dtype."""
+    if tuple(shape) != (N, G):
+        raise ValueError(f"cynorm: {name} must have shape (N, num_groups) = {(N, G)}, got {tuple(shape)}")
+    if np.dtype(dtype) != stat_dtype:
+        raise TypeError(f"cynorm: {name} must have dtype {stat_dtype} for this input (what the forward "
+                        f"returns), got {dtype}")
 
 
 def like(name, shape, dtype, ref, ref_shape, ref_dtype):

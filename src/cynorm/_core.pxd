@@ -110,6 +110,7 @@ cdef extern from "cn_policy.h" nogil:
 
 cdef extern from "cn_order.h" nogil:
     const int CN_CHUNK
+    int64_t CN_GN_SCRATCH(int64_t C)
     int64_t cn_block_rows(int64_t M, int64_t N, int acc_size)
 
 
@@ -140,6 +141,27 @@ cdef extern from "cn_ops.h" nogil:
         int center
         const cn_policy *pol
 
+    ctypedef struct cn_gn_fwd_args:
+        const void *x
+        void *y
+        const void *w
+        const void *b
+        void *mean
+        void *rstd
+        int64_t N, C, S, G
+        double eps
+        int channels_last
+
+    ctypedef struct cn_gn_bwd_args:
+        const void *dy
+        const void *x
+        const void *mean
+        const void *rstd
+        const void *w
+        void *dx
+        int64_t N, C, S, G
+        int channels_last
+
     ctypedef struct cn_moments:
         double n
         double delta
@@ -168,6 +190,10 @@ cdef extern from "cn_ops.h" nogil:
                           int64_t) noexcept nogil
         void (*acc_add)(void *, const void *, int64_t, int64_t) noexcept nogil
         void (*add_residual)(const void *, const void *, int, void *, int, int64_t) noexcept nogil
+        void (*gn_fwd_rows)(const cn_gn_fwd_args *, int64_t, int64_t) noexcept nogil
+        void (*gn_fwd_samples)(const cn_gn_fwd_args *, int64_t, int64_t, double *) noexcept nogil
+        void (*gn_bwd_rows)(const cn_gn_bwd_args *, int64_t, int64_t, double *) noexcept nogil
+        void (*gn_bwd_samples)(const cn_gn_bwd_args *, int64_t, int64_t, double *, double *) noexcept nogil
 
     ctypedef struct cn_level_ops:
         const char *name

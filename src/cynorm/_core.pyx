@@ -22,6 +22,7 @@ from libc.stdint cimport int64_t, uint16_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memset
 from cpython.pycapsule cimport PyCapsule_New
+import numpy as np
 cimport numpy as cnp
 from cython.parallel cimport prange, parallel
 from cynorm._openmp_helpers cimport (CN_OPENMP, omp_get_max_threads, omp_get_num_threads, omp_get_num_procs,
@@ -86,6 +87,7 @@ cdef void _narrow(int half, const float *src, void *dst, int64_t n) noexcept nog
 
 include "_drivers.pxi"
 include "_fused.pxi"
+include "_group.pxi"
 
 
 # ------------------------------------------------------------------ levels --

@@ -44,6 +44,25 @@ typedef struct {
     const cn_policy *pol;
 } cn_bwd_args;
 
+/* GroupNorm (kernels/cn_gfwd.h): x as (N, C, S) channels-first or (N, S, C)
+ * channels-last; G groups of C/G channels; row r = n*G + g. */
+typedef struct {
+    const void *x;
+    void *y;
+    const void *w, *b;   /* C each (the kernel's param storage), or NULL */
+    void *mean, *rstd;   /* N*G, accumulator dtype */
+    int64_t N, C, S, G;
+    double eps;
+    int channels_last;
+} cn_gn_fwd_args;
+
+typedef struct {
+    const void *dy, *x, *mean, *rstd, *w;
+    void *dx;
+    int64_t N, C, S, G;
+    int channels_last;
+} cn_gn_bwd_args;
+
 /* Moments of a run of elements relative to the row's pivot P (its first
  * element): delta = mean - P, m2 = sum of squared deviations. Keeping the
  * mean as P + delta keeps y accurate when |mean| >> std. */
@@ -82,7 +101,11 @@ CN_OPS_INLINE void cn_moments_merge(cn_moments *a, const cn_moments *b)
                         const cn_row_stats *st), (a, row, nrows, c0, c1, st))                         \
     /* fused residual add: h = x + r over n elements, rounded once (kernels/cn_residual.h) */        \
     X(S, K, add_residual, (const void *x, const void *r, int r_wide, void *h, int h_wide, int64_t n),  \
-      (x, r, r_wide, h, h_wide, n))
+      (x, r, r_wide, h, h_wide, n))                                                                \
+    /* GroupNorm: channels-first rows; channels-last samples (scratch: CN_GN_SCRATCH(C) doubles) */   \
+    X(S, K, gn_fwd_rows, (const cn_gn_fwd_args *a, int64_t r0, int64_t r1), (a, r0, r1))              \
+    X(S, K, gn_fwd_samples, (const cn_gn_fwd_args *a, int64_t n0, int64_t n1, double *scratch),       \
+      (a, n0, n1, scratch))
 #define CN_BWD_OPS(X, S, K)                                                                           \
     /* the rows of one block (dw_part, db_part: its partials) */                                      \
     X(S, K, bwd_rows, (const cn_bwd_args *a, int64_t r0, int64_t r1, void *dw_part, void *db_part),    \
@@ -96,7 +119,11 @@ CN_OPS_INLINE void cn_moments_merge(cn_moments *a, const cn_moments *b)
                         const double *rowsums, void *dw_part, void *db_part, int64_t first_row_of_block), \
       (a, row, nrows, c0, c1, rowsums, dw_part, db_part, first_row_of_block))                         \
     /* partial sums (accumulator dtype): dst[c0:c1] += src[c0:c1] */                                  \
-    X(S, K, acc_add, (void *dst, const void *src, int64_t c0, int64_t c1), (dst, src, c0, c1))
+    X(S, K, acc_add, (void *dst, const void *src, int64_t c0, int64_t c1), (dst, src, c0, c1))        \
+    /* GroupNorm: dx, and each sample's dweight/dbias terms in part (2*C doubles a sample) */         \
+    X(S, K, gn_bwd_rows, (const cn_gn_bwd_args *a, int64_t r0, int64_t r1, double *part), (a, r0, r1, part)) \
+    X(S, K, gn_bwd_samples, (const cn_gn_bwd_args *a, int64_t n0, int64_t n1, double *part,           \
+                             double *scratch), (a, n0, n1, part, scratch))
 
 /* cn_<level>__<kernel>_<op>: the exported name of a kernel unit's operation */
 #define CN_UNIT_FN_(level, kernel, op) cn_##level##__##kernel##_##op

@@ -40,6 +40,12 @@ static inline int64_t cn_block_rows(int64_t M, int64_t N, int acc_size)
     return B > least ? B : least;
 }
 
+/* GroupNorm, channels-last: a channel's pivot is the mean of its first
+ * CN_GN_HEAD positions; its sums run over CN_GN_POSITIONS positions at a time
+ * (four accumulators by position), each run then added into double totals. */
+#define CN_GN_HEAD 16
+#define CN_GN_POSITIONS 64
+
 /* ---------------------------------------------------------- bounds -- */
 /* (None changes a bit: a row's arithmetic never depends on the group it is in.) */
 
@@ -53,5 +59,8 @@ static inline int64_t cn_block_rows(int64_t M, int64_t N, int acc_size)
 
 /* Long rows per group (the forward's long-row path). */
 #define CN_LONG_GROUP_MAX 16
+
+/* Doubles of scratch a GroupNorm channels-last sample takes (C channels). */
+#define CN_GN_SCRATCH(C) (7 * (C))
 
 #endif /* CN_ORDER_H */

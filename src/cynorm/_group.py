@@ -1,0 +1,157 @@
+"""GroupNorm and InstanceNorm on NumPy arrays (kernels/cn_gfwd.h, cn_gbwd.h).
+
+x is (N, C, *spatial) with ``channel_axis=1`` (NCHW-style, any number of
+spatial dims, none included) or (N, *spatial, C) with ``channel_axis=-1``
+(NHWC-style, JAX's and Flax's default). The C channels fall into num_groups
+groups of C/num_groups consecutive channels; each (sample, group) is
+normalized over its channels and positions. weight and bias are per channel.
+InstanceNorm is num_groups == C; num_groups == 1 is LayerNorm over
+(C, *spatial) followed by a per-channel affine.
+
+Same conventions as the LayerNorm functions: dtype pairs, statistics in
+float32 (float64 for float64), 16-bit outputs rounded once, ``num_threads``,
+``out=``, errors before anything is written. dweight/dbias are added sample
+after sample in float64 from each sample's terms, so they are bit-identical
+for any thread count, ISA level or batch chunking.
+"""
+
+import numpy as np
+
+from . import _api, _checks, _dtypes, _isa, _outputs
+from ._threads import resolve_num_threads
+
+__all__ = ["group_norm", "group_norm_forward", "group_norm_backward",
+           "instance_norm", "instance_norm_forward", "instance_norm_backward"]
+
+_Y_MEAN_RSTD = ("y", "mean", "rstd")
+_DX_DW_DB = ("dx", "dweight", "dbias")
+
+
+def _contiguous(a):
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+def _round_grad(sums, dtype):
+    """float64 sums as the param dtype: via float32 (the accumulator) for 32-bit and 16-bit ones."""
+    if dtype == _dtypes.F64:
+        return sums
+    return _dtypes.round_float32(sums.astype(np.float32), dtype)
+
+
+def group_norm_forward(x, num_groups, weight=None, bias=None, *, channel_axis=1, eps=1e-5, num_threads=None,
+                       out=None):
+    """GroupNorm that also returns the statistics the backward needs: ``(y, mean, rstd)``.
+
+    ``y = (x - mean) / sqrt(var + eps) * weight[c] + bias[c]``, mean and the
+    (biased) variance over each sample's group of channels and all positions.
+    mean and rstd have shape (N, num_groups). ``out=(y, mean, rstd)`` (any may
+    be None) writes into given arrays; ``out`` may also be y alone, and y may be x.
+    """
+    x = _api._input(x, "x")
+    channels_last, N, C, S, G = _checks.group_layout(x.shape, num_groups, channel_axis)
+    pair, weight, bias = _api._params(x.dtype, (C,), weight, bias, "(C,)")
+    eps = _checks.eps(eps)
+    T = resolve_num_threads(num_threads)
+    y = mean = rstd = None
+    if out is not None:
+        if type(out) is np.ndarray:
+            y = _outputs.check(out, "out", x.shape, pair.x)
+        else:
+            stat = ((N, G), pair.stat, None)
+            got = _api._given(out, _Y_MEAN_RSTD, {"y": (x.shape, pair.x, None), "mean": stat, "rstd": stat})
+            y, mean, rstd = got["y"], got["mean"], got["rstd"]
+        x, weight, bias = _outputs.protect((x, weight, bias), (y, mean, rstd), _api._Y_IN_PLACE)
+    x = _contiguous(x)
+    if y is None:
+        y = np.empty(x.shape, pair.x)
+    if mean is None:
+        mean = np.empty((N, G), pair.stat)
+    if rstd is None:
+        rstd = np.empty((N, G), pair.stat)
+    if N:
+        _isa.kernels.group_forward(pair.code, x, y, weight, bias, mean, rstd, N, C, S, G, eps, channels_last,
+                                   T or 0)
+    return y, mean, rstd
+
+
+def group_norm(x, num_groups, weight=None, bias=None, *, channel_axis=1, eps=1e-5, num_threads=None, out=None):
+    """GroupNorm: returns y (see group_norm_forward)."""
+    return group_norm_forward(x, num_groups, weight, bias, channel_axis=channel_axis, eps=eps,
+                              num_threads=num_threads, out=out)[0]
+
+
+def group_norm_backward(dy, x, mean, rstd, weight=None, *, num_groups, channel_axis=1, num_threads=None,
+                        out=None):
+    """Gradients of GroupNorm: ``(dx, dweight, dbias)``, dweight/dbias of shape (C,)
+    (``(dx, None, None)`` without weight). mean/rstd are what the forward returned.
+    ``out`` receives dx (it may be dy or x), or ``out=(dx, dweight, dbias)``."""
+    x = _api._input(x, "x")
+    dy = _api._input(dy, "dy")
+    _checks.like("dy", dy.shape, dy.dtype, "x", x.shape, x.dtype)
+    channels_last, N, C, S, G = _checks.group_layout(x.shape, num_groups, channel_axis)
+    pair, weight, _ = _api._params(x.dtype, (C,), weight, None, "(C,)")
+    mean = _api._as_array(mean, "mean")
+    rstd = _api._as_array(rstd, "rstd")
+    _checks.group_stats("mean", mean.shape, mean.dtype, N, G, pair.stat)
+    _checks.group_stats("rstd", rstd.shape, rstd.dtype, N, G, pair.stat)
+    T = resolve_num_threads(num_threads)
+    dx = dweight = dbias = None
+    if out is not None:
+        if type(out) is np.ndarray:
+            dx = _outputs.check(out, "out", x.shape, pair.x)
+        else:
+            grad = ((C,), pair.grad, None)
+            got = _api._given(out, _DX_DW_DB, {"dx": (x.shape, pair.x, None), "dweight": grad, "dbias": grad})
+            dx, dweight, dbias = got["dx"], got["dweight"], got["dbias"]
+            if weight is None and (dweight is not None or dbias is not None):
+                raise ValueError("cynorm: out gives dweight or dbias but there is no weight, so no "
+                                 "parameter gradients to write")
+        dy, x, mean, rstd, weight = _outputs.protect((dy, x, mean, rstd, weight), (dx, dweight, dbias),
+                                                     _api._DX_IN_PLACE)
+    x, dy, mean, rstd = _contiguous(x), _contiguous(dy), _contiguous(mean), _contiguous(rstd)
+    if dx is None:
+        dx = np.empty(x.shape, pair.x)
+    part = np.empty((N, 2, C), np.float64)
+    if N:
+        _isa.kernels.group_backward(pair.code, dy, x, mean, rstd, weight, dx, part, N, C, S, G, channels_last,
+                                    T or 0)
+    if weight is None:
+        return dx, None, None
+    sums = _isa.kernels.group_part_sums(part)
+    for name, arr, row in (("dweight", dweight, 0), ("dbias", dbias, 1)):
+        value = _round_grad(sums[row], pair.grad)
+        if arr is None:
+            arr = value
+        else:
+            arr[...] = value
+        if name == "dweight":
+            dweight = arr
+        else:
+            dbias = arr
+    return dx, dweight, dbias
+
+
+def instance_norm_forward(x, weight=None, bias=None, *, channel_axis=1, eps=1e-5, num_threads=None, out=None):
+    """InstanceNorm (GroupNorm with one channel per group): ``(y, mean, rstd)``, mean/rstd (N, C)."""
+    C = _instance_channels(x, channel_axis)
+    return group_norm_forward(x, C, weight, bias, channel_axis=channel_axis, eps=eps, num_threads=num_threads,
+                              out=out)
+
+
+def instance_norm(x, weight=None, bias=None, *, channel_axis=1, eps=1e-5, num_threads=None, out=None):
+    """InstanceNorm: y."""
+    return instance_norm_forward(x, weight, bias, channel_axis=channel_axis, eps=eps, num_threads=num_threads,
+                                 out=out)[0]
+
+
+def instance_norm_backward(dy, x, mean, rstd, weight=None, *, channel_axis=1, num_threads=None, out=None):
+    """Gradients of InstanceNorm: ``(dx, dweight, dbias)``."""
+    C = _instance_channels(x, channel_axis)
+    return group_norm_backward(dy, x, mean, rstd, weight, num_groups=C, channel_axis=channel_axis,
+                               num_threads=num_threads, out=out)
+
+
+def _instance_channels(x, channel_axis):
+    shape = np.shape(x)
+    _checks.group_layout(shape, 1, channel_axis)
+    return shape[channel_axis]

@@ -1,0 +1,191 @@
+/*
+ * cn_gbwd.h -- GroupNorm's backward (rows, channels and samples as in cn_gfwd.h).
+ *
+ * For a row (sample n, group g), with xhat = (x - mean) * rstd, per channel c:
+ *   A_c = sum dy * xhat,  B_c = sum dy   (over the channel's S positions)
+ *   c1 = sum_c w_c B_c / L,  c2 = sum_c w_c A_c / L   (double, in channel order)
+ *   dx = rstd * (dy * w_c - c1 - xhat * c2)
+ * A_c and B_c are sample n's contributions to dweight[c] and dbias[c]: they are
+ * written to part[n] (2*C doubles: A, then B), and the caller adds the samples
+ * in order. So dweight/dbias depend on nothing but the data: not on threads,
+ * levels or how a Dask array's batch is chunked.
+ *
+ * Channels-first: A_c, B_c are lane sums over the channel's run by the row
+ * walker, then the lane-sum tree. Channels-last: per channel lanes, position
+ * by position, CN_GN_POSITIONS positions at a time into four accumulators, each
+ * such run added into double totals (as the forward's moments).
+ */
+
+/* dx of one vector: rstd * (dy * w - c1 - xhat * c2) */
+CN_INLINE vec gn_dx_vec(vec dyv, vec xv, vec M, vec R, vec W, vec C1, vec C2, const int has_w)
+{
+    const vec xh = VOP(mul)(VOP(sub)(xv, M), R);
+    vec g = has_w ? VOP(mul)(dyv, W) : dyv;
+    g = VOP(sub)(g, C1);
+    return VOP(mul)(VOP(mul_sub_from)(xh, C2, g), R);
+}
+
+/* ---------------------------------------------- channels-first rows -- */
+
+/* A channel's run: its sums A (dy * xhat) and B (dy), lane sums then the tree */
+CN_INLINE void gn_run_sums(const xt *dy, const xt *x, int64_t S, vec M, vec R, at *A, at *B)
+{
+    const vec z = VOP(zero)();
+    vec av[2] = {z, z}, bv[2] = {z, z};
+#define STEP(j, t, full, s)                                                          \
+    {                                                                                \
+        const vec dyv_ = load_x_t(dy + (j), t, full);                                \
+        vec xh_ = VOP(mul)(VOP(sub)(load_x_t(x + (j), t, full), M), R);              \
+        if (!(full)) xh_ = VOP(keepn)(xh_, t);                                       \
+        av[s] = VOP(mul_add)(dyv_, xh_, av[s]);                                      \
+        bv[s] = VOP(add)(bv[s], dyv_);                                               \
+    }
+#define STEP2(j) { STEP(j, VL, 1, 0) STEP((j) + VL, VL, 1, 1) }
+    CN_WALK(S, 0, 2, STEP2, STEP);
+#undef STEP
+#undef STEP2
+    *A = VOP(hsum)(VOP(add)(av[0], av[1]));
+    *B = VOP(hsum)(VOP(add)(bv[0], bv[1]));
+}
+
+CN_INLINE void gn_bwd_rows_impl(const cn_gn_bwd_args *a, int64_t r0, int64_t r1, double *part, const int has_w)
+{
+    const int64_t C = a->C, S = a->S, Cg = C / a->G, L = Cg * S;
+    const pt *w = (const pt *)a->w;
+    const vec one = VOP(set1)((at)1);
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t n = r / a->G, g = r - n * a->G;
+        const xt *x = (const xt *)a->x + r * L, *dy = (const xt *)a->dy + r * L;
+        xt *dx = (xt *)a->dx + r * L;
+        const vec M = VOP(set1)(((const at *)a->mean)[r]), R = VOP(set1)(((const at *)a->rstd)[r]);
+        double s1 = 0.0, s2 = 0.0;
+        int64_t k;
+        for (k = 0; k < Cg; k++) {
+            const int64_t c = g * Cg + k;
+            at A, B;
+            gn_run_sums(dy + k * S, x + k * S, S, M, R, &A, &B);
+            part[n * 2 * C + c] = (double)A;
+            part[n * 2 * C + C + c] = (double)B;
+            const double wc = has_w ? (double)w[c] : 1.0;
+            s1 += wc * (double)B;
+            s2 += wc * (double)A;
+        }
+        const vec C1 = VOP(set1)((at)(s1 / (double)L)), C2 = VOP(set1)((at)(s2 / (double)L));
+        for (k = 0; k < Cg; k++) {
+            const xt *xk = x + k * S, *dyk = dy + k * S;
+            xt *dxk = dx + k * S;
+            const vec W = has_w ? VOP(set1)(w[g * Cg + k]) : one;
+#define DX(j, t, full) gn_dx_vec(load_x_t(dyk + (j), t, full), load_x_t(xk + (j), t, full), M, R, W, C1, C2, has_w)
+#define STEP(j, t, full, s) store_x_t(dxk + (j), DX(j, t, full), t, full, 0)
+#define STEP2(j) { const vec o0_ = DX(j, VL, 1), o1_ = DX((j) + VL, VL, 1); store_x2(dxk + (j), o0_, o1_, 0); }
+            CN_WALK(S, 0, 2, STEP2, STEP);
+#undef DX
+#undef STEP
+#undef STEP2
+        }
+    }
+}
+
+/* Channels-first rows [r0, r1): dx, and their samples' part (2*C doubles per sample). */
+static void gn_bwd_rows(const cn_gn_bwd_args *a, int64_t r0, int64_t r1, double *part)
+{
+    if (a->w) gn_bwd_rows_impl(a, r0, r1, part, 1);
+    else gn_bwd_rows_impl(a, r0, r1, part, 0);
+}
+
+/* ----------------------------------------- channels-last samples -- */
+
+CN_INLINE vec gn_lanes_of(const xt *p, int64_t n, int64_t s, int64_t S, int64_t C, int64_t c0, int64_t t,
+                          const int full)
+{
+    return load_x_t(p + (n * S + s) * C + c0, t, full);
+}
+
+/* Per-channel A (dy * xhat) and B (dy) lane sums over positions [s0, s1) */
+CN_INLINE void gn_lane_grads(const cn_gn_bwd_args *a, int64_t n, int64_t s0, int64_t s1, int64_t c0, int64_t t,
+                             const int full, vec M, vec R, vec *A, vec *B)
+{
+    const xt *x = (const xt *)a->x, *dy = (const xt *)a->dy;
+    const int64_t S = a->S, C = a->C;
+    const vec z = VOP(zero)();
+    vec aa[4] = {z, z, z, z}, ba[4] = {z, z, z, z};
+    int64_t s = s0;
+#define ACC(k, s_)                                                                            \
+    {                                                                                         \
+        const vec dyv_ = gn_lanes_of(dy, n, s_, S, C, c0, t, full);                           \
+        const vec xh_ = VOP(mul)(VOP(sub)(gn_lanes_of(x, n, s_, S, C, c0, t, full), M), R);   \
+        aa[k] = VOP(mul_add)(dyv_, xh_, aa[k]);                                               \
+        ba[k] = VOP(add)(ba[k], dyv_);                                                        \
+    }
+    for (; s + 4 <= s1; s += 4) { CN_UNROLL for (int k = 0; k < 4; k++) ACC(k, s + k) }
+    for (int k = 0; s < s1; s++, k++) ACC(k, s)
+#undef ACC
+    *A = VOP(add)(VOP(add)(aa[0], aa[1]), VOP(add)(aa[2], aa[3]));
+    *B = VOP(add)(VOP(add)(ba[0], ba[1]), VOP(add)(ba[2], ba[3]));
+}
+
+/* Channels-last sample n: its part (2*C doubles) and dx. scratch: CN_GN_SCRATCH(C) doubles. */
+CN_INLINE void gn_bwd_sample_impl(const cn_gn_bwd_args *a, int64_t n, double *part, double *scratch, const int has_w)
+{
+    const int64_t C = a->C, S = a->S, G = a->G, Cg = C / G, L = Cg * S;
+    const pt *w = (const pt *)a->w;
+    at *mv = (at *)scratch, *rv = mv + C, *c1v = mv + 2 * C, *c2v = mv + 3 * C;   /* per channel */
+    double *A = part + n * 2 * C, *B = A + C;
+    at lanes_a[VL], lanes_b[VL];
+    int64_t c, c0, s0, k, g;
+    for (c = 0; c < C; c++) {
+        mv[c] = ((const at *)a->mean)[n * G + c / Cg];
+        rv[c] = ((const at *)a->rstd)[n * G + c / Cg];
+        A[c] = B[c] = 0.0;
+    }
+    for (s0 = 0; s0 < S; s0 += CN_GN_POSITIONS) {
+        const int64_t s1 = s0 + CN_GN_POSITIONS < S ? s0 + CN_GN_POSITIONS : S;
+        for (c0 = 0; c0 < C; c0 += VL) {
+            const int64_t t = C - c0 < VL ? C - c0 : VL;
+            const int full = t == VL;
+            vec av, bv;
+            const vec M = load_a_t(mv + c0, t, full), R = load_a_t(rv + c0, t, full);
+            if (full) gn_lane_grads(a, n, s0, s1, c0, VL, 1, M, R, &av, &bv);
+            else gn_lane_grads(a, n, s0, s1, c0, t, 0, M, R, &av, &bv);
+            store_a_t(lanes_a, av, t, full);
+            store_a_t(lanes_b, bv, t, full);
+            for (k = 0; k < t; k++) { A[c0 + k] += (double)lanes_a[k]; B[c0 + k] += (double)lanes_b[k]; }
+        }
+    }
+    for (g = 0; g < G; g++) {
+        double s1 = 0.0, s2 = 0.0;
+        for (k = 0; k < Cg; k++) {
+            c = g * Cg + k;
+            const double wc = has_w ? (double)w[c] : 1.0;
+            s1 += wc * B[c];
+            s2 += wc * A[c];
+        }
+        for (k = 0; k < Cg; k++) {
+            c1v[g * Cg + k] = (at)(s1 / (double)L);
+            c2v[g * Cg + k] = (at)(s2 / (double)L);
+        }
+    }
+    const xt *x = (const xt *)a->x, *dy = (const xt *)a->dy;
+    xt *dx = (xt *)a->dx;
+    const vec one = VOP(set1)((at)1);
+    for (s0 = 0; s0 < S; s0++) {
+        for (c0 = 0; c0 < C; c0 += VL) {
+            const int64_t t = C - c0 < VL ? C - c0 : VL;
+            const int full = t == VL;
+            const vec o = gn_dx_vec(gn_lanes_of(dy, n, s0, S, C, c0, t, full), gn_lanes_of(x, n, s0, S, C, c0, t, full),
+                                    load_a_t(mv + c0, t, full), load_a_t(rv + c0, t, full),
+                                    has_w ? load_p_t(w + c0, t, full) : one, load_a_t(c1v + c0, t, full),
+                                    load_a_t(c2v + c0, t, full), has_w);
+            store_x_t(dx + (n * S + s0) * C + c0, o, t, full, 0);
+        }
+    }
+}
+
+/* Channels-last samples [n0, n1): dx and part. scratch: CN_GN_SCRATCH(C) doubles. */
+static void gn_bwd_samples(const cn_gn_bwd_args *a, int64_t n0, int64_t n1, double *part, double *scratch)
+{
+    for (int64_t n = n0; n < n1; n++) {
+        if (a->w) gn_bwd_sample_impl(a, n, part, scratch, 1);
+        else gn_bwd_sample_impl(a, n, part, scratch, 0);
+    }
+}

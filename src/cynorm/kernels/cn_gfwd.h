@@ -1,0 +1,303 @@
+/*
+ * cn_gfwd.h -- GroupNorm's forward (InstanceNorm: one channel per group).
+ *
+ * x is (N, C, S) channels-first or (N, S, C) channels-last, S the product of
+ * the spatial dims; the C channels fall into G groups of Cg = C/G. Group g of
+ * sample n is a "row" r = n*G + g of L = Cg*S elements; mean and rstd hold one
+ * value per row; weight and bias one per channel.
+ *
+ * Channels-first: a row is contiguous, so its moments are exactly LayerNorm's
+ * (chunk moments of CN_CHUNK elements merged left to right, cn_rowmath.h), and
+ * it is normalized channel run by channel run (S elements, one weight and bias)
+ * with the row walker, from cache.
+ *
+ * Channels-last: a sample's block is walked position by position, the lanes
+ * being channels: per channel, one-pass sums about a pivot (the mean of its
+ * first CN_GN_HEAD positions), CN_GN_POSITIONS positions at a time into four
+ * accumulators by position, each such run then added into double totals. A
+ * channel whose pivot is too far from its mean for that (cn_onepass_accepts)
+ * is redone by a two-pass in double. Channel moments merge into their group's
+ * in channel order. A lane's arithmetic never depends on the other lanes, so
+ * the bits do not depend on the vector width, the level or the thread count.
+ *
+ * Rows beyond the accumulator's range are redone in double (gn_rescue), as
+ * LayerNorm's rows are.
+ */
+
+/* -------------------------------------------------------- shared -- */
+
+/* Element k of row (n, g), k = (channel in group) * S + position. */
+CN_INLINE int64_t gn_index(const cn_gn_fwd_args *a, int64_t n, int64_t g, int64_t k)
+{
+    const int64_t C = a->C, S = a->S, Cg = C / a->G;
+    if (!a->channels_last) return (n * a->G + g) * Cg * S + k;
+    return (n * S + k % S) * C + g * Cg + k / S;
+}
+
+/* y = ((x - mean_hi) * rstd + lr) * w + b, the LayerNorm forward's formula */
+CN_INLINE vec gn_vec(vec v, vec MH, vec R, vec LR, vec W, vec B, const int has_w, const int has_b)
+{
+    v = VOP(mul_add)(VOP(sub)(v, MH), R, LR);
+    if (has_w && has_b) v = VOP(mul_add)(v, W, B);
+    else if (has_w) v = VOP(mul)(v, W);
+    else if (has_b) v = VOP(add)(v, B);
+    return v;
+}
+
+/* A row redone in double, scaled by a power of two (as fwd_rescue). */
+static void gn_rescue(const cn_gn_fwd_args *a, int64_t n, int64_t g)
+{
+    const int64_t S = a->S, Cg = a->C / a->G, L = Cg * S, r = n * a->G + g;
+    const xt *x = (const xt *)a->x;
+    xt *y = (xt *)a->y;
+    const pt *w = (const pt *)a->w, *b = (const pt *)a->b;
+    double amax = 0.0, p, mean = 0.0, m2 = 0.0, eps_s, rstd_s, rstd;
+    int64_t k;
+    int e;
+    for (k = 0; k < L; k++) { double v = fabs((double)x_to_at(x[gn_index(a, n, g, k)])); if (v > amax) amax = v; }
+    frexp(amax, &e);
+#define SCALED(k) ldexp((double)x_to_at(x[gn_index(a, n, g, k)]), -e)
+    p = SCALED(0);
+    for (k = 0; k < L; k++) mean += SCALED(k) - p;
+    mean = p + mean / (double)L;
+    for (k = 0; k < L; k++) { double d = SCALED(k) - mean; m2 += d * d; }
+    eps_s = ldexp(a->eps, -2 * e);
+    if (isfinite(eps_s)) {
+        rstd_s = 1.0 / sqrt(m2 / (double)L + eps_s);
+        rstd = ldexp(rstd_s, -e);
+    } else {
+        rstd = 1.0 / sqrt(a->eps + ldexp(m2 / (double)L, 2 * e));
+        rstd_s = ldexp(rstd, e);
+    }
+    for (k = 0; k < L; k++) {
+        const int64_t c = g * Cg + k / S;
+        double v = (SCALED(k) - mean) * rstd_s;
+        if (w) v *= (double)w[c];
+        if (b) v += (double)b[c];
+        y[gn_index(a, n, g, k)] = double_to_x(v);
+    }
+#undef SCALED
+    ((at *)a->mean)[r] = (at)ldexp(mean, e);
+    ((at *)a->rstd)[r] = (at)rstd;
+}
+
+/* wants_rescue for a row of GroupNorm (always centered). */
+static int gn_wants_rescue(const cn_gn_fwd_args *a, int64_t n, int64_t g, double delta, double m2, double inv_n)
+{
+    const int64_t L = a->C / a->G * a->S;
+    int64_t k;
+    if (!CN_UNLIKELY(may_need_rescue(delta, m2, inv_n))) return 0;
+    const xt *x = (const xt *)a->x;
+    int finite = 1, constant = 1;
+    const at first = x_to_at(x[gn_index(a, n, g, 0)]);
+    for (k = 0; k < L; k++) {
+        const at v = x_to_at(x[gn_index(a, n, g, k)]);
+        finite &= isfinite((double)v) != 0;
+        constant &= v == first;
+    }
+    if (!(isfinite(delta) && isfinite(m2))) return finite;
+    if (a->eps >= TINY_VAR && constant) return 0;
+    return finite;
+}
+
+/* A row's mean/rstd from its moments about pivot: written out, and returned as
+ * the normalizing pass takes them (mean_hi, lr = -mean_lo * rstd, rstd).
+ * Returns 0 where the row must be redone by gn_rescue instead (the caller's job). */
+static int gn_finish(const cn_gn_fwd_args *a, int64_t n, int64_t g, at pivot, const cn_moments *m, at *mh,
+                     at *lr, at *rs)
+{
+    const double L = (double)(a->C / a->G * a->S);
+    const double rstd = cn_rstd(m->m2, L, a->eps);
+    if (gn_wants_rescue(a, n, g, m->delta, m->m2, 1.0 / L)) return 0;
+    at lo;
+    split_mean((double)pivot, m->delta, mh, &lo);
+    *rs = (at)rstd;
+    *lr = -lo * *rs;
+    ((at *)a->mean)[n * a->G + g] = (at)((double)pivot + m->delta);
+    ((at *)a->rstd)[n * a->G + g] = *rs;
+    return 1;
+}
+
+/* ---------------------------------------------- channels-first rows -- */
+
+/* One channel's run of S elements: y from x with scalar weight/bias. */
+CN_INLINE void gn_run(const xt *x, xt *y, int64_t S, vec MH, vec R, vec LR, vec W, vec B, const int has_w,
+                      const int has_b)
+{
+#define GV(j, t, full) gn_vec(load_x_t(x + (j), t, full), MH, R, LR, W, B, has_w, has_b)
+#define STEP(j, t, full, s) store_x_t(y + (j), GV(j, t, full), t, full, 0)
+#define STEP2(j) { const vec o0_ = GV(j, VL, 1), o1_ = GV((j) + VL, VL, 1); store_x2(y + (j), o0_, o1_, 0); }
+    CN_WALK(S, 0, 2, STEP2, STEP);
+#undef GV
+#undef STEP
+#undef STEP2
+}
+
+CN_INLINE void gn_rows_impl(const cn_gn_fwd_args *a, int64_t r0, int64_t r1, const int has_w, const int has_b)
+{
+    const int64_t S = a->S, Cg = a->C / a->G, L = Cg * S;
+    const pt *w = (const pt *)a->w, *b = (const pt *)a->b;
+    const vec one = VOP(set1)((at)1), zero = VOP(zero)();
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t n = r / a->G, g = r - n * a->G;
+        const xt *x = (const xt *)a->x + r * L;
+        xt *y = (xt *)a->y + r * L;
+        const at pivot = x_to_at(x[0]);
+        cn_moments tot, m;
+        chunk_moments(x, L < CN_CHUNK ? L : CN_CHUNK, pivot, 1, &tot);
+        for (int64_t c0 = CN_CHUNK; c0 < L; c0 += CN_CHUNK) {
+            chunk_moments(x + c0, c0 + CN_CHUNK < L ? CN_CHUNK : L - c0, pivot, 1, &m);
+            cn_moments_merge(&tot, &m);
+        }
+        at mh, lr, rs;
+        if (!gn_finish(a, n, g, pivot, &tot, &mh, &lr, &rs)) { gn_rescue(a, n, g); continue; }
+        const vec MH = VOP(set1)(mh), R = VOP(set1)(rs), LR = VOP(set1)(lr);
+        for (int64_t k = 0; k < Cg; k++) {
+            const int64_t c = g * Cg + k;
+            gn_run(x + k * S, y + k * S, S, MH, R, LR, has_w ? VOP(set1)(w[c]) : one, has_b ? VOP(set1)(b[c]) : zero,
+                   has_w, has_b);
+        }
+    }
+}
+
+/* Channels-first rows [r0, r1): moments, then each channel's run normalized. */
+static void gn_fwd_rows(const cn_gn_fwd_args *a, int64_t r0, int64_t r1)
+{
+    if (a->w && a->b) gn_rows_impl(a, r0, r1, 1, 1);
+    else if (a->w) gn_rows_impl(a, r0, r1, 1, 0);
+    else if (a->b) gn_rows_impl(a, r0, r1, 0, 1);
+    else gn_rows_impl(a, r0, r1, 0, 0);
+}
+
+/* ----------------------------------------- channels-last samples -- */
+
+/* The lanes of channels [c0, c0 + t) of the row at position s of sample n */
+CN_INLINE vec gn_lanes(const cn_gn_fwd_args *a, int64_t n, int64_t s, int64_t c0, int64_t t, const int full)
+{
+    return load_x_t((const xt *)a->x + (n * a->S + s) * a->C + c0, t, full);
+}
+
+/* Per-channel sums of x - P over positions [s0, s1), four accumulators by
+ * position, (a0 + a1) + (a2 + a3); with q, of (x - P)^2 too. */
+CN_INLINE void gn_lane_sums(const cn_gn_fwd_args *a, int64_t n, int64_t s0, int64_t s1, int64_t c0, int64_t t,
+                            const int full, vec P, vec *s_out, vec *q_out)
+{
+    const vec z = VOP(zero)();
+    vec sa[4] = {z, z, z, z}, qa[4] = {z, z, z, z};
+    int64_t s = s0;
+    for (; s + 4 <= s1; s += 4) {
+        CN_UNROLL for (int k = 0; k < 4; k++) {
+            const vec e = VOP(sub)(gn_lanes(a, n, s + k, c0, t, full), P);
+            sa[k] = VOP(add)(sa[k], e);
+            qa[k] = VOP(mul_add)(e, e, qa[k]);
+        }
+    }
+    for (int k = 0; s < s1; s++, k++) {
+        const vec e = VOP(sub)(gn_lanes(a, n, s, c0, t, full), P);
+        sa[k] = VOP(add)(sa[k], e);
+        qa[k] = VOP(mul_add)(e, e, qa[k]);
+    }
+    *s_out = VOP(add)(VOP(add)(sa[0], sa[1]), VOP(add)(sa[2], sa[3]));
+    *q_out = VOP(add)(VOP(add)(qa[0], qa[1]), VOP(add)(qa[2], qa[3]));
+}
+
+/* Moments of channel c of sample n about its pivot pc, in double: the
+ * fallback where the one-pass sums are refused. */
+static void gn_channel_twopass(const cn_gn_fwd_args *a, int64_t n, int64_t c, double *mean, double *m2)
+{
+    const xt *x = (const xt *)a->x + n * a->S * a->C + c;
+    const double p = (double)x_to_at(x[0]);
+    double s = 0.0, q = 0.0;
+    int64_t i;
+    for (i = 0; i < a->S; i++) s += (double)x_to_at(x[i * a->C]) - p;
+    *mean = p + s / (double)a->S;
+    for (i = 0; i < a->S; i++) { const double d = (double)x_to_at(x[i * a->C]) - *mean; q += d * d; }
+    *m2 = q;
+}
+
+/* Channels-last sample n, whole. scratch: CN_GN_SCRATCH(C) doubles. */
+CN_INLINE void gn_sample_impl(const cn_gn_fwd_args *a, int64_t n, double *scratch, const int has_w, const int has_b)
+{
+    const int64_t C = a->C, S = a->S, G = a->G, Cg = C / G;
+    const int64_t head = S < CN_GN_HEAD ? S : CN_GN_HEAD;
+    double *ssum = scratch, *qsum = scratch + C;
+    at *piv = (at *)(scratch + 2 * C);                  /* per channel: pivot, then mean_hi, lr, rstd */
+    at *mh = piv + C, *lr = piv + 2 * C, *rs = piv + 3 * C;
+    unsigned char *rescue = (unsigned char *)(scratch + 6 * C);   /* per group */
+    at lanes_s[VL], lanes_q[VL];
+    int64_t c0, s0, c, k;
+    int any_rescued = 0;
+    /* pivots: the mean of each channel's first `head` positions */
+    for (c0 = 0; c0 < C; c0 += VL) {
+        const int64_t t = C - c0 < VL ? C - c0 : VL;
+        vec acc = VOP(zero)();
+        for (s0 = 0; s0 < head; s0++) acc = VOP(add)(acc, gn_lanes(a, n, s0, c0, t, t == VL));
+        store_a_t(lanes_s, acc, t, t == VL);
+        for (k = 0; k < t; k++) piv[c0 + k] = (at)((double)lanes_s[k] / (double)head);
+    }
+    for (c = 0; c < C; c++) ssum[c] = qsum[c] = 0.0;
+    /* one pass: per channel, sums about the pivot, CN_GN_POSITIONS positions at a time */
+    for (s0 = 0; s0 < S; s0 += CN_GN_POSITIONS) {
+        const int64_t s1 = s0 + CN_GN_POSITIONS < S ? s0 + CN_GN_POSITIONS : S;
+        for (c0 = 0; c0 < C; c0 += VL) {
+            const int64_t t = C - c0 < VL ? C - c0 : VL;
+            vec sv, qv;
+            const vec P = load_a_t(piv + c0, t, t == VL);
+            if (t == VL) gn_lane_sums(a, n, s0, s1, c0, VL, 1, P, &sv, &qv);
+            else gn_lane_sums(a, n, s0, s1, c0, t, 0, P, &sv, &qv);
+            store_a_t(lanes_s, sv, t, t == VL);
+            store_a_t(lanes_q, qv, t, t == VL);
+            for (k = 0; k < t; k++) { ssum[c0 + k] += (double)lanes_s[k]; qsum[c0 + k] += (double)lanes_q[k]; }
+        }
+    }
+    /* per group: channel moments about the group's pivot (its first channel's),
+     * merged in channel order; then the row's scalars, spread over its channels */
+    for (int64_t g = 0; g < G; g++) {
+        const at gp = piv[g * Cg];
+        cn_moments tot = {0.0, 0.0, 0.0}, m;
+        for (k = 0; k < Cg; k++) {
+            c = g * Cg + k;
+            m.n = (double)S;
+            if (!onepass_moments((double)piv[c], ssum[c], qsum[c], (double)S, gp, &m)) {
+                double mean, m2;
+                gn_channel_twopass(a, n, c, &mean, &m2);
+                m.delta = mean - (double)gp;
+                m.m2 = m2;
+            }
+            if (k == 0) tot = m;
+            else cn_moments_merge(&tot, &m);
+        }
+        at h = 0, l = 0, r = 0;
+        rescue[g] = !gn_finish(a, n, g, gp, &tot, &h, &l, &r);
+        any_rescued |= rescue[g];
+        for (k = 0; k < Cg; k++) { mh[g * Cg + k] = h; lr[g * Cg + k] = l; rs[g * Cg + k] = r; }
+    }
+    /* normalize, position by position (rescued groups are redone after) */
+    const pt *w = (const pt *)a->w, *b = (const pt *)a->b;
+    xt *Y = (xt *)a->y + n * S * C;
+    const vec one = VOP(set1)((at)1), zero = VOP(zero)();
+    for (s0 = 0; s0 < S; s0++) {
+        for (c0 = 0; c0 < C; c0 += VL) {
+            const int64_t t = C - c0 < VL ? C - c0 : VL;
+            const int full = t == VL;
+            const vec o = gn_vec(gn_lanes(a, n, s0, c0, t, full), load_a_t(mh + c0, t, full), load_a_t(rs + c0, t, full),
+                                 load_a_t(lr + c0, t, full), has_w ? load_p_t(w + c0, t, full) : one,
+                                 has_b ? load_p_t(b + c0, t, full) : zero, has_w, has_b);
+            store_x_t(Y + s0 * C + c0, o, t, full, 0);
+        }
+    }
+    if (CN_UNLIKELY(any_rescued))
+        for (int64_t g = 0; g < G; g++)
+            if (rescue[g]) gn_rescue(a, n, g);
+}
+
+/* Channels-last samples [n0, n1). scratch: CN_GN_SCRATCH(C) doubles. */
+static void gn_fwd_samples(const cn_gn_fwd_args *a, int64_t n0, int64_t n1, double *scratch)
+{
+    for (int64_t n = n0; n < n1; n++) {
+        if (a->w && a->b) gn_sample_impl(a, n, scratch, 1, 1);
+        else if (a->w) gn_sample_impl(a, n, scratch, 1, 0);
+        else if (a->b) gn_sample_impl(a, n, scratch, 0, 1);
+        else gn_sample_impl(a, n, scratch, 0, 0);
+    }
+}
