@@ -7,6 +7,7 @@
     python benchmarks/bench.py jax | dask       (cynorm from JAX and Dask: benchmarks/frameworks.py)
     python benchmarks/bench.py fused [--threads N]  (fused residual add + LayerNorm: benchmarks/fused.py)
     python benchmarks/bench.py onednn [--threads N] [--onednn LIB[,LIB2]]  (against oneDNN: benchmarks/onednn.py)
+    python benchmarks/bench.py groupnorm [--threads N] [--layouts nchw,nhwc]  (GroupNorm: benchmarks/groupnorm.py)
 
 seed and roofline take --baseline-python PY: a second cynorm worker runs under
 that interpreter (another build, e.g. the commit before a change; or, with
@@ -379,6 +380,17 @@ def main(argv=None):
         fp.add_argument("--quick", action="store_true", help="shorter timing budgets")
         fp.add_argument("--json", help="also write the results here")
         return fused.cmd_fused(fp.parse_args(argv[1:]))
+    if argv and argv[0] == "groupnorm":
+        sys.path.insert(0, HERE)
+        import groupnorm
+        gp = argparse.ArgumentParser(prog="bench.py groupnorm", description=groupnorm.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+        gp.add_argument("--threads", type=int, default=1)
+        gp.add_argument("--modes", type=lambda s: s.split(","), default=["fp32", "bf16", "mixed"])
+        gp.add_argument("--layouts", type=lambda s: s.split(","), default=["nchw", "nhwc"])
+        gp.add_argument("--quick", action="store_true", help="shorter timing budgets")
+        gp.add_argument("--json", help="also write the results here")
+        return groupnorm.cmd_groupnorm(gp.parse_args(argv[1:]))
     if argv and argv[0] == "onednn":
         sys.path.insert(0, HERE)
         import onednn

@@ -159,6 +159,10 @@ def _run_request(lib, req):
         sys.path.insert(0, HERE)
         import fused
         return fused.run_request(lib, req)
+    if req.get("kind") == "groupnorm":   # benchmarks/groupnorm.py
+        sys.path.insert(0, HERE)
+        import groupnorm
+        return groupnorm.run_request(lib, req)
     if req.get("kind") == "onednn" or lib.startswith("onednn:"):   # benchmarks/onednn.py
         sys.path.insert(0, HERE)
         import onednn

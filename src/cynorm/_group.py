@@ -62,8 +62,8 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, *, channel_axis=1,
             y, mean, rstd = got["y"], got["mean"], got["rstd"]
         x, weight, bias = _outputs.protect((x, weight, bias), (y, mean, rstd), _api._Y_IN_PLACE)
     x = _contiguous(x)
-    if y is None:
-        y = np.empty(x.shape, pair.x)
+    if y is None:   # large ones on huge pages, recycled where one is kept (as LayerNorm's)
+        y = _api._new(_api._makers(x.size, pair.x, 0, pair.stat)[0], x.shape, pair.x)[0]
     if mean is None:
         mean = np.empty((N, G), pair.stat)
     if rstd is None:
@@ -110,7 +110,7 @@ def group_norm_backward(dy, x, mean, rstd, weight=None, *, num_groups, channel_a
                                                      _api._DX_IN_PLACE)
     x, dy, mean, rstd = _contiguous(x), _contiguous(dy), _contiguous(mean), _contiguous(rstd)
     if dx is None:
-        dx = np.empty(x.shape, pair.x)
+        dx = _api._new(_api._makers(x.size, pair.x, 0, pair.x)[0], x.shape, pair.x)[0]
     part = np.empty((N, 2, C), np.float64)
     if N:
         _isa.kernels.group_backward(pair.code, dy, x, mean, rstd, weight, dx, part, N, C, S, G, channels_last,

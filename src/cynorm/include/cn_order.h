@@ -41,9 +41,9 @@ static inline int64_t cn_block_rows(int64_t M, int64_t N, int acc_size)
 }
 
 /* GroupNorm, channels-last: a channel's pivot is the mean of its first
- * CN_GN_HEAD positions; its sums run over CN_GN_POSITIONS positions at a time
- * (four accumulators by position), each run then added into double totals. */
-#define CN_GN_HEAD 16
+ * CN_GN_HEAD positions; its sums add CN_GN_POSITIONS positions in order, each
+ * such run then added into double totals. */
+#define CN_GN_HEAD 64
 #define CN_GN_POSITIONS 64
 
 /* ---------------------------------------------------------- bounds -- */
@@ -59,6 +59,12 @@ static inline int64_t cn_block_rows(int64_t M, int64_t N, int acc_size)
 
 /* Long rows per group (the forward's long-row path). */
 #define CN_LONG_GROUP_MAX 16
+
+/* Channel vectors a channels-last GroupNorm pass takes at once (a bound: it
+ * changes no bit, each lane adding its own positions in order). */
+#define CN_GN_TILE 4
+/* ... and fetches the positions this far ahead meanwhile */
+#define CN_GN_AHEAD 16
 
 /* Doubles of scratch a GroupNorm channels-last sample takes (C channels). */
 #define CN_GN_SCRATCH(C) (7 * (C))

@@ -12,8 +12,8 @@
  *
  * Channels-first: A_c, B_c are lane sums over the channel's run by the row
  * walker, then the lane-sum tree. Channels-last: per channel lanes, position
- * by position, CN_GN_POSITIONS positions at a time into four accumulators, each
- * such run added into double totals (as the forward's moments).
+ * by position, CN_GN_POSITIONS positions in order, each such run added into
+ * double totals (as the forward's moments).
  */
 
 /* dx of one vector: rstd * (dy * w - c1 - xhat * c2) */
@@ -101,27 +101,62 @@ CN_INLINE vec gn_lanes_of(const xt *p, int64_t n, int64_t s, int64_t S, int64_t 
     return load_x_t(p + (n * S + s) * C + c0, t, full);
 }
 
-/* Per-channel A (dy * xhat) and B (dy) lane sums over positions [s0, s1) */
-CN_INLINE void gn_lane_grads(const cn_gn_bwd_args *a, int64_t n, int64_t s0, int64_t s1, int64_t c0, int64_t t,
-                             const int full, vec M, vec R, vec *A, vec *B)
+/* Per-channel A (dy * xhat) and B (dy) over positions [s0, s1) for NV channel
+ * vectors from c0 (the last `tail` lanes), added into the double totals; each
+ * lane adds its positions in order (the tile's width changes no bit). */
+CN_INLINE void gn_tile_grads(const cn_gn_bwd_args *a, int64_t n, int64_t s0, int64_t s1, int64_t c0, const int NV,
+                             int64_t tail, const int tail_full, const at *mv, const at *rv, double *A, double *B)
 {
-    const xt *x = (const xt *)a->x, *dy = (const xt *)a->dy;
-    const int64_t S = a->S, C = a->C;
-    const vec z = VOP(zero)();
-    vec aa[4] = {z, z, z, z}, ba[4] = {z, z, z, z};
-    int64_t s = s0;
-#define ACC(k, s_)                                                                            \
-    {                                                                                         \
-        const vec dyv_ = gn_lanes_of(dy, n, s_, S, C, c0, t, full);                           \
-        const vec xh_ = VOP(mul)(VOP(sub)(gn_lanes_of(x, n, s_, S, C, c0, t, full), M), R);   \
-        aa[k] = VOP(mul_add)(dyv_, xh_, aa[k]);                                               \
-        ba[k] = VOP(add)(ba[k], dyv_);                                                        \
+    vec M[CN_GN_TILE], R[CN_GN_TILE], aa[CN_GN_TILE], ba[CN_GN_TILE];
+    at lanes[VL];
+    int k;
+#define FULL(k) ((k) < NV - 1 || tail_full)
+#define LANES(k) (FULL(k) ? VL : tail)
+    CN_UNROLL for (k = 0; k < NV; k++) {
+        M[k] = load_a_t(mv + c0 + k * VL, LANES(k), FULL(k));
+        R[k] = load_a_t(rv + c0 + k * VL, LANES(k), FULL(k));
+        aa[k] = ba[k] = VOP(zero)();
     }
-    for (; s + 4 <= s1; s += 4) { CN_UNROLL for (int k = 0; k < 4; k++) ACC(k, s + k) }
-    for (int k = 0; s < s1; s++, k++) ACC(k, s)
-#undef ACC
-    *A = VOP(add)(VOP(add)(aa[0], aa[1]), VOP(add)(aa[2], aa[3]));
-    *B = VOP(add)(VOP(add)(ba[0], ba[1]), VOP(add)(ba[2], ba[3]));
+    const int64_t off = (n * a->S + s0) * a->C + c0;
+    const xt *x = (const xt *)a->x + off, *dy = (const xt *)a->dy + off;
+    for (int64_t s = s0; s < s1; s++, x += a->C, dy += a->C) {
+        CN_UNROLL for (k = 0; k < NV; k++) {
+            cn_prefetch(x + CN_GN_AHEAD * a->C + k * VL);   /* (the strided walk outruns the prefetchers) */
+            cn_prefetch(dy + CN_GN_AHEAD * a->C + k * VL);
+            const vec dyv = load_x_t(dy + k * VL, LANES(k), FULL(k));
+            const vec xh = VOP(mul)(VOP(sub)(load_x_t(x + k * VL, LANES(k), FULL(k)), M[k]), R[k]);
+            aa[k] = VOP(mul_add)(dyv, xh, aa[k]);
+            ba[k] = VOP(add)(ba[k], dyv);
+        }
+    }
+    CN_UNROLL for (k = 0; k < NV; k++) {
+        const int64_t t = LANES(k), c = c0 + k * VL;
+        store_a_t(lanes, aa[k], t, FULL(k));
+        for (int64_t i = 0; i < t; i++) A[c + i] += (double)lanes[i];
+        store_a_t(lanes, ba[k], t, FULL(k));
+        for (int64_t i = 0; i < t; i++) B[c + i] += (double)lanes[i];
+    }
+#undef FULL
+#undef LANES
+}
+
+static void gn_grads(const cn_gn_bwd_args *a, int64_t n, int64_t s0, int64_t s1, const at *mv, const at *rv,
+                     double *A, double *B)
+{
+    const int64_t C = a->C;
+    for (int64_t c0 = 0; c0 < C; c0 += CN_GN_TILE * VL) {
+        const int64_t left = C - c0, nv = left >= CN_GN_TILE * VL ? CN_GN_TILE : (left + VL - 1) / VL;
+        const int64_t tail = left - (nv - 1) * VL < VL ? left - (nv - 1) * VL : VL;
+#define T_(NV) (tail == VL ? gn_tile_grads(a, n, s0, s1, c0, NV, VL, 1, mv, rv, A, B) \
+                           : gn_tile_grads(a, n, s0, s1, c0, NV, tail, 0, mv, rv, A, B))
+        switch (nv) {
+        case 1: T_(1); break;
+        case 2: T_(2); break;
+        case 3: T_(3); break;
+        default: T_(CN_GN_TILE); break;
+        }
+#undef T_
+    }
 }
 
 /* Channels-last sample n: its part (2*C doubles) and dx. scratch: CN_GN_SCRATCH(C) doubles. */
@@ -131,27 +166,14 @@ CN_INLINE void gn_bwd_sample_impl(const cn_gn_bwd_args *a, int64_t n, double *pa
     const pt *w = (const pt *)a->w;
     at *mv = (at *)scratch, *rv = mv + C, *c1v = mv + 2 * C, *c2v = mv + 3 * C;   /* per channel */
     double *A = part + n * 2 * C, *B = A + C;
-    at lanes_a[VL], lanes_b[VL];
     int64_t c, c0, s0, k, g;
     for (c = 0; c < C; c++) {
         mv[c] = ((const at *)a->mean)[n * G + c / Cg];
         rv[c] = ((const at *)a->rstd)[n * G + c / Cg];
         A[c] = B[c] = 0.0;
     }
-    for (s0 = 0; s0 < S; s0 += CN_GN_POSITIONS) {
-        const int64_t s1 = s0 + CN_GN_POSITIONS < S ? s0 + CN_GN_POSITIONS : S;
-        for (c0 = 0; c0 < C; c0 += VL) {
-            const int64_t t = C - c0 < VL ? C - c0 : VL;
-            const int full = t == VL;
-            vec av, bv;
-            const vec M = load_a_t(mv + c0, t, full), R = load_a_t(rv + c0, t, full);
-            if (full) gn_lane_grads(a, n, s0, s1, c0, VL, 1, M, R, &av, &bv);
-            else gn_lane_grads(a, n, s0, s1, c0, t, 0, M, R, &av, &bv);
-            store_a_t(lanes_a, av, t, full);
-            store_a_t(lanes_b, bv, t, full);
-            for (k = 0; k < t; k++) { A[c0 + k] += (double)lanes_a[k]; B[c0 + k] += (double)lanes_b[k]; }
-        }
-    }
+    for (s0 = 0; s0 < S; s0 += CN_GN_POSITIONS)
+        gn_grads(a, n, s0, s0 + CN_GN_POSITIONS < S ? s0 + CN_GN_POSITIONS : S, mv, rv, A, B);
     for (g = 0; g < G; g++) {
         double s1 = 0.0, s2 = 0.0;
         for (k = 0; k < Cg; k++) {
@@ -165,19 +187,22 @@ CN_INLINE void gn_bwd_sample_impl(const cn_gn_bwd_args *a, int64_t n, double *pa
             c2v[g * Cg + k] = (at)(s2 / (double)L);
         }
     }
-    const xt *x = (const xt *)a->x, *dy = (const xt *)a->dy;
-    xt *dx = (xt *)a->dx;
+    /* dx, position by position */
     const vec one = VOP(set1)((at)1);
+    const int64_t full_end = C - C % VL;
     for (s0 = 0; s0 < S; s0++) {
-        for (c0 = 0; c0 < C; c0 += VL) {
-            const int64_t t = C - c0 < VL ? C - c0 : VL;
-            const int full = t == VL;
-            const vec o = gn_dx_vec(gn_lanes_of(dy, n, s0, S, C, c0, t, full), gn_lanes_of(x, n, s0, S, C, c0, t, full),
-                                    load_a_t(mv + c0, t, full), load_a_t(rv + c0, t, full),
-                                    has_w ? load_p_t(w + c0, t, full) : one, load_a_t(c1v + c0, t, full),
-                                    load_a_t(c2v + c0, t, full), has_w);
-            store_x_t(dx + (n * S + s0) * C + c0, o, t, full, 0);
-        }
+        const int64_t off = (n * S + s0) * C;
+        const xt *xr = (const xt *)a->x + off, *dyr = (const xt *)a->dy + off;
+        xt *dxr = (xt *)a->dx + off;
+#define DX(c0, t, full)                                                                                       \
+        store_x_t(dxr + (c0), gn_dx_vec(load_x_t(dyr + (c0), t, full), load_x_t(xr + (c0), t, full),           \
+                                        load_a_t(mv + (c0), t, full), load_a_t(rv + (c0), t, full),           \
+                                        has_w ? load_p_t(w + (c0), t, full) : one,                            \
+                                        load_a_t(c1v + (c0), t, full), load_a_t(c2v + (c0), t, full), has_w), \
+                  t, full, 0)
+        for (c0 = 0; c0 < full_end; c0 += VL) DX(c0, VL, 1);
+        if (full_end < C) DX(full_end, C - full_end, 0);
+#undef DX
     }
 }
 

@@ -9,12 +9,13 @@
  * Channels-first: a row is contiguous, so its moments are exactly LayerNorm's
  * (chunk moments of CN_CHUNK elements merged left to right, cn_rowmath.h), and
  * it is normalized channel run by channel run (S elements, one weight and bias)
- * with the row walker, from cache.
+ * with the row walker, from cache, while the next row is fetched into L2.
  *
  * Channels-last: a sample's block is walked position by position, the lanes
- * being channels: per channel, one-pass sums about a pivot (the mean of its
- * first CN_GN_HEAD positions), CN_GN_POSITIONS positions at a time into four
- * accumulators by position, each such run then added into double totals. A
+ * being channels (CN_GN_TILE vectors of them at a time): per channel, one-pass
+ * sums about a pivot (the mean of its first CN_GN_HEAD positions), over
+ * CN_GN_POSITIONS positions in order, each such run then added into double
+ * totals. A
  * channel whose pivot is too far from its mean for that (cn_onepass_accepts)
  * is redone by a two-pass in double. Channel moments merge into their group's
  * in channel order. A lane's arithmetic never depends on the other lanes, so
@@ -120,13 +121,19 @@ static int gn_finish(const cn_gn_fwd_args *a, int64_t n, int64_t g, at pivot, co
 
 /* ---------------------------------------------- channels-first rows -- */
 
-/* One channel's run of S elements: y from x with scalar weight/bias. */
+/* One channel's run of S elements: y from x with scalar weight/bias, while
+ * the same stretch of pf (the next row) goes into L2 (NULL: none). */
 CN_INLINE void gn_run(const xt *x, xt *y, int64_t S, vec MH, vec R, vec LR, vec W, vec B, const int has_w,
-                      const int has_b)
+                      const int has_b, const xt *pf)
 {
 #define GV(j, t, full) gn_vec(load_x_t(x + (j), t, full), MH, R, LR, W, B, has_w, has_b)
 #define STEP(j, t, full, s) store_x_t(y + (j), GV(j, t, full), t, full, 0)
-#define STEP2(j) { const vec o0_ = GV(j, VL, 1), o1_ = GV((j) + VL, VL, 1); store_x2(y + (j), o0_, o1_, 0); }
+#define STEP2(j)                                                                                \
+    {                                                                                           \
+        if (pf) { cn_prefetch_l2(pf + (j)); cn_prefetch_l2(pf + (j) + VL); }                    \
+        const vec o0_ = GV(j, VL, 1), o1_ = GV((j) + VL, VL, 1);                                \
+        store_x2(y + (j), o0_, o1_, 0);                                                         \
+    }
     CN_WALK(S, 0, 2, STEP2, STEP);
 #undef GV
 #undef STEP
@@ -155,7 +162,7 @@ CN_INLINE void gn_rows_impl(const cn_gn_fwd_args *a, int64_t r0, int64_t r1, con
         for (int64_t k = 0; k < Cg; k++) {
             const int64_t c = g * Cg + k;
             gn_run(x + k * S, y + k * S, S, MH, R, LR, has_w ? VOP(set1)(w[c]) : one, has_b ? VOP(set1)(b[c]) : zero,
-                   has_w, has_b);
+                   has_w, has_b, r + 1 < r1 ? x + L + k * S : NULL);
         }
     }
 }
@@ -177,28 +184,60 @@ CN_INLINE vec gn_lanes(const cn_gn_fwd_args *a, int64_t n, int64_t s, int64_t c0
     return load_x_t((const xt *)a->x + (n * a->S + s) * a->C + c0, t, full);
 }
 
-/* Per-channel sums of x - P over positions [s0, s1), four accumulators by
- * position, (a0 + a1) + (a2 + a3); with q, of (x - P)^2 too. */
-CN_INLINE void gn_lane_sums(const cn_gn_fwd_args *a, int64_t n, int64_t s0, int64_t s1, int64_t c0, int64_t t,
-                            const int full, vec P, vec *s_out, vec *q_out)
+/* Per-channel sums of x - P and of (x - P)^2 over positions [s0, s1), for NV
+ * channel vectors from c0 at once (the last one `tail` lanes; tail_full: it is
+ * full), added into the double totals. Each lane adds its positions in order,
+ * so the tile's width changes no bit. */
+CN_INLINE void gn_tile_sums(const cn_gn_fwd_args *a, int64_t n, int64_t s0, int64_t s1, int64_t c0, const int NV,
+                            int64_t tail, const int tail_full, const at *piv, double *ssum, double *qsum)
 {
-    const vec z = VOP(zero)();
-    vec sa[4] = {z, z, z, z}, qa[4] = {z, z, z, z};
-    int64_t s = s0;
-    for (; s + 4 <= s1; s += 4) {
-        CN_UNROLL for (int k = 0; k < 4; k++) {
-            const vec e = VOP(sub)(gn_lanes(a, n, s + k, c0, t, full), P);
+    vec P[CN_GN_TILE], sa[CN_GN_TILE], qa[CN_GN_TILE];
+    at lanes[VL];
+    int k;
+#define FULL(k) ((k) < NV - 1 || tail_full)
+#define LANES(k) (FULL(k) ? VL : tail)
+    CN_UNROLL for (k = 0; k < NV; k++) {
+        P[k] = load_a_t(piv + c0 + k * VL, LANES(k), FULL(k));
+        sa[k] = qa[k] = VOP(zero)();
+    }
+    const xt *row = (const xt *)a->x + (n * a->S + s0) * a->C + c0;
+    for (int64_t s = s0; s < s1; s++, row += a->C) {
+        CN_UNROLL for (k = 0; k < NV; k++) {
+            cn_prefetch(row + CN_GN_AHEAD * a->C + k * VL);   /* (the strided walk outruns the prefetchers) */
+            const vec e = VOP(sub)(load_x_t(row + k * VL, LANES(k), FULL(k)), P[k]);
             sa[k] = VOP(add)(sa[k], e);
             qa[k] = VOP(mul_add)(e, e, qa[k]);
         }
     }
-    for (int k = 0; s < s1; s++, k++) {
-        const vec e = VOP(sub)(gn_lanes(a, n, s, c0, t, full), P);
-        sa[k] = VOP(add)(sa[k], e);
-        qa[k] = VOP(mul_add)(e, e, qa[k]);
+    CN_UNROLL for (k = 0; k < NV; k++) {
+        const int64_t t = LANES(k), c = c0 + k * VL;
+        store_a_t(lanes, sa[k], t, FULL(k));
+        for (int64_t i = 0; i < t; i++) ssum[c + i] += (double)lanes[i];
+        store_a_t(lanes, qa[k], t, FULL(k));
+        for (int64_t i = 0; i < t; i++) qsum[c + i] += (double)lanes[i];
     }
-    *s_out = VOP(add)(VOP(add)(sa[0], sa[1]), VOP(add)(sa[2], sa[3]));
-    *q_out = VOP(add)(VOP(add)(qa[0], qa[1]), VOP(add)(qa[2], qa[3]));
+#undef FULL
+#undef LANES
+}
+
+/* gn_tile_sums over all channels, CN_GN_TILE vectors at a time */
+static void gn_sums(const cn_gn_fwd_args *a, int64_t n, int64_t s0, int64_t s1, const at *piv, double *ssum,
+                    double *qsum)
+{
+    const int64_t C = a->C;
+    for (int64_t c0 = 0; c0 < C; c0 += CN_GN_TILE * VL) {
+        const int64_t left = C - c0, nv = left >= CN_GN_TILE * VL ? CN_GN_TILE : (left + VL - 1) / VL;
+        const int64_t tail = left - (nv - 1) * VL < VL ? left - (nv - 1) * VL : VL;
+#define T_(NV) (tail == VL ? gn_tile_sums(a, n, s0, s1, c0, NV, VL, 1, piv, ssum, qsum) \
+                           : gn_tile_sums(a, n, s0, s1, c0, NV, tail, 0, piv, ssum, qsum))
+        switch (nv) {
+        case 1: T_(1); break;
+        case 2: T_(2); break;
+        case 3: T_(3); break;
+        default: T_(CN_GN_TILE); break;
+        }
+#undef T_
+    }
 }
 
 /* Moments of channel c of sample n about its pivot pc, in double: the
@@ -224,7 +263,7 @@ CN_INLINE void gn_sample_impl(const cn_gn_fwd_args *a, int64_t n, double *scratc
     at *piv = (at *)(scratch + 2 * C);                  /* per channel: pivot, then mean_hi, lr, rstd */
     at *mh = piv + C, *lr = piv + 2 * C, *rs = piv + 3 * C;
     unsigned char *rescue = (unsigned char *)(scratch + 6 * C);   /* per group */
-    at lanes_s[VL], lanes_q[VL];
+    at lanes_s[VL];
     int64_t c0, s0, c, k;
     int any_rescued = 0;
     /* pivots: the mean of each channel's first `head` positions */
@@ -237,19 +276,8 @@ CN_INLINE void gn_sample_impl(const cn_gn_fwd_args *a, int64_t n, double *scratc
     }
     for (c = 0; c < C; c++) ssum[c] = qsum[c] = 0.0;
     /* one pass: per channel, sums about the pivot, CN_GN_POSITIONS positions at a time */
-    for (s0 = 0; s0 < S; s0 += CN_GN_POSITIONS) {
-        const int64_t s1 = s0 + CN_GN_POSITIONS < S ? s0 + CN_GN_POSITIONS : S;
-        for (c0 = 0; c0 < C; c0 += VL) {
-            const int64_t t = C - c0 < VL ? C - c0 : VL;
-            vec sv, qv;
-            const vec P = load_a_t(piv + c0, t, t == VL);
-            if (t == VL) gn_lane_sums(a, n, s0, s1, c0, VL, 1, P, &sv, &qv);
-            else gn_lane_sums(a, n, s0, s1, c0, t, 0, P, &sv, &qv);
-            store_a_t(lanes_s, sv, t, t == VL);
-            store_a_t(lanes_q, qv, t, t == VL);
-            for (k = 0; k < t; k++) { ssum[c0 + k] += (double)lanes_s[k]; qsum[c0 + k] += (double)lanes_q[k]; }
-        }
-    }
+    for (s0 = 0; s0 < S; s0 += CN_GN_POSITIONS)
+        gn_sums(a, n, s0, s0 + CN_GN_POSITIONS < S ? s0 + CN_GN_POSITIONS : S, piv, ssum, qsum);
     /* per group: channel moments about the group's pivot (its first channel's),
      * merged in channel order; then the row's scalars, spread over its channels */
     for (int64_t g = 0; g < G; g++) {
@@ -272,19 +300,21 @@ CN_INLINE void gn_sample_impl(const cn_gn_fwd_args *a, int64_t n, double *scratc
         any_rescued |= rescue[g];
         for (k = 0; k < Cg; k++) { mh[g * Cg + k] = h; lr[g * Cg + k] = l; rs[g * Cg + k] = r; }
     }
-    /* normalize, position by position (rescued groups are redone after) */
+    /* normalize, position by position; rescued groups are redone after */
     const pt *w = (const pt *)a->w, *b = (const pt *)a->b;
-    xt *Y = (xt *)a->y + n * S * C;
     const vec one = VOP(set1)((at)1), zero = VOP(zero)();
+    const int64_t full_end = C - C % VL;
     for (s0 = 0; s0 < S; s0++) {
-        for (c0 = 0; c0 < C; c0 += VL) {
-            const int64_t t = C - c0 < VL ? C - c0 : VL;
-            const int full = t == VL;
-            const vec o = gn_vec(gn_lanes(a, n, s0, c0, t, full), load_a_t(mh + c0, t, full), load_a_t(rs + c0, t, full),
-                                 load_a_t(lr + c0, t, full), has_w ? load_p_t(w + c0, t, full) : one,
-                                 has_b ? load_p_t(b + c0, t, full) : zero, has_w, has_b);
-            store_x_t(Y + s0 * C + c0, o, t, full, 0);
-        }
+        const xt *xr = (const xt *)a->x + (n * S + s0) * C;
+        xt *yr = (xt *)a->y + (n * S + s0) * C;
+#define APPLY(c0, t, full)                                                                                    \
+        store_x_t(yr + (c0), gn_vec(load_x_t(xr + (c0), t, full), load_a_t(mh + (c0), t, full),               \
+                                    load_a_t(rs + (c0), t, full), load_a_t(lr + (c0), t, full),               \
+                                    has_w ? load_p_t(w + (c0), t, full) : one,                                \
+                                    has_b ? load_p_t(b + (c0), t, full) : zero, has_w, has_b), t, full, 0)
+        for (c0 = 0; c0 < full_end; c0 += VL) APPLY(c0, VL, 1);
+        if (full_end < C) APPLY(full_end, C - full_end, 0);
+#undef APPLY
     }
     if (CN_UNLIKELY(any_rescued))
         for (int64_t g = 0; g < G; g++)

@@ -1,0 +1,201 @@
+"""GroupNorm (bench.py groupnorm), side by side in one run.
+
+    python benchmarks/bench.py groupnorm [--threads 1] [--modes fp32,bf16,mixed] [--layouts nchw,nhwc]
+                                         [--quick] [--json F]
+
+Columns (each library in its own worker process, the rounds taking them in turn; medians):
+
+- cynorm: group_norm_forward / group_norm_backward (fresh outputs, as every column);
+- torch: torch 2.13's F.group_norm (no_grad), NCHW or channels_last memory format;
+  the backward by autograd (x, weight, bias);
+- ORT: ONNX Runtime's GroupNormalization (opset 21: per-channel scale and bias),
+  forward, NCHW (the op's layout) float32 only where it runs;
+- floor: NumPy moving the same bytes into a fresh array -- forward a copy of x,
+  backward an elementwise op of x and dy; 16-bit data as uint16.
+
+floor eff = floor / cynorm; vs torch = torch / cynorm (above 1: cynorm is faster).
+"""
+
+import math
+import sys
+
+#: (channels-first shape, num_groups): UNet-like, ResNet-like (GroupNorm and InstanceNorm), tiny
+SHAPES = [((2, 320, 64, 64), 32), ((2, 640, 32, 32), 32), ((2, 1280, 16, 16), 32),
+          ((64, 128, 56, 56), 32), ((64, 128, 56, 56), 128), ((1, 32, 8, 8), 8)]
+LIBS = ["cynorm", "numpy", "torch", "ort"]
+LARGE = 100_000
+
+
+def _data(shape, layout, mode):
+    import numpy as np
+
+    import worker
+    xd, pd = worker.MODES[mode]
+    stored = shape if layout == "nchw" else (shape[0],) + shape[2:] + (shape[1],)
+    rng = np.random.default_rng(0)
+    x, dy = np.empty(stored, xd), np.empty(stored, xd)
+    worker._fill_normal(rng, x, 3.0, 1.0)
+    worker._fill_normal(rng, dy)
+    C = shape[1]
+    w = (1 + 0.1 * rng.standard_normal(C)).astype(pd)
+    b = (0.1 * rng.standard_normal(C)).astype(pd)
+    return x, dy, w, b
+
+
+_DATA = {}
+
+
+def run_request(lib, req):
+    import gc
+
+    import numpy as np
+
+    import worker
+    shape, G, layout, mode = tuple(req["shape"]), req["groups"], req["layout"], req["mode"]
+    threads, budget, d = req["threads"], req["budget"], req["direction"]
+    worker._WARMUP = req.get("warmup", 0.3)
+    key = (shape, layout, mode)
+    if key not in _DATA:
+        _DATA.clear()
+        gc.collect()
+        _DATA[key] = _data(shape, layout, mode)
+    x, dy, w, b = _DATA[key]
+    ca = 1 if layout == "nchw" else -1
+    t = worker._timeit
+    out = {}
+    if lib == "numpy":
+        v = (lambda a: a.view(np.uint16)) if x.itemsize == 2 else (lambda a: a)
+        xv, dyv = v(x), v(dy)
+        out[d] = t(lambda: np.copy(xv), budget) if d == "fwd" else t(lambda: np.add(xv, dyv), budget)
+    elif lib == "cynorm":
+        import cynorm
+        y, mean, rstd = cynorm.group_norm_forward(x, G, w, b, channel_axis=ca, num_threads=threads)
+        if d == "fwd":
+            out[d] = t(lambda: cynorm.group_norm_forward(x, G, w, b, channel_axis=ca, num_threads=threads), budget)
+        else:
+            out[d] = t(lambda: cynorm.group_norm_backward(dy, x, mean, rstd, w, num_groups=G, channel_axis=ca,
+                                                          num_threads=threads), budget)
+    elif lib == "torch":
+        import torch
+        torch.set_num_threads(threads)
+        tx, tdy, tw, tb = (worker._torch_cast(torch.from_numpy(worker._torch_view(a)), a) for a in (x, dy, w, b))
+        if layout == "nhwc":   # the same memory as an NCHW tensor in channels_last format
+            perm = (0, x.ndim - 1) + tuple(range(1, x.ndim - 1))
+            tx, tdy = tx.permute(perm), tdy.permute(perm)
+        F = torch.nn.functional
+        if d == "fwd":
+            def fwd():
+                with torch.no_grad():
+                    return F.group_norm(tx, G, tw, tb, 1e-5)
+            out[d] = t(fwd, budget)
+        else:
+            xg, wg, bg = tx.detach().requires_grad_(True), tw.detach().requires_grad_(True), tb.detach().requires_grad_(True)
+            yg = F.group_norm(xg, G, wg, bg, 1e-5)
+            out[d] = t(lambda: torch.autograd.grad(yg, (xg, wg, bg), tdy, retain_graph=True), budget)
+    elif lib == "ort":
+        if d != "fwd" or layout != "nchw" or x.dtype != np.float32 or w.dtype != np.float32:
+            return out
+        import onnxruntime as ort
+        sess, err = _ort_session(ort, G, shape, threads)
+        if sess is None:
+            return {"error": f"GroupNormalization: {err}"}
+        feeds = {"x": x, "w": w, "b": b}
+        out[d] = t(lambda: sess.run(None, feeds), budget)
+    del x, dy, w, b
+    gc.collect()
+    return out
+
+
+def _ort_session(ort, G, shape, threads):
+    from onnx import TensorProto, helper
+    node = helper.make_node("GroupNormalization", ["x", "w", "b"], ["y"], epsilon=1e-5, num_groups=G)
+    f = TensorProto.FLOAT
+    graph = helper.make_graph([node], "gn", [helper.make_tensor_value_info("x", f, list(shape)),
+                                             helper.make_tensor_value_info("w", f, [shape[1]]),
+                                             helper.make_tensor_value_info("b", f, [shape[1]])],
+                              [helper.make_tensor_value_info("y", f, list(shape))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    try:
+        return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]), None
+    except Exception as exc:
+        return None, str(exc).splitlines()[0][:120]
+
+
+def cmd_groupnorm(args):
+    import bench
+    workers = {lib: bench.Worker(lib) for lib in LIBS}
+    for lib, w in workers.items():
+        if not w.available:
+            bench._progress(f"{lib} not available ({w.info.get('unavailable')}): its columns left empty")
+    budget = 0.15 if args.quick else 0.4
+    rows = []
+    cells = [(s, g, lay, m) for s, g in SHAPES for lay in args.layouts for m in args.modes]
+    try:
+        for i, (shape, G, layout, mode) in enumerate(cells, 1):
+            bench._progress(f"[{i}/{len(cells)}] {shape} G={G} {layout} {mode} ...")
+            row = {"shape": list(shape), "groups": G, "layout": layout, "mode": mode,
+                   "elements": math.prod(shape), "threads": args.threads}
+            for d in ("fwd", "bwd"):
+                req = {"kind": "groupnorm", "shape": shape, "groups": G, "layout": layout, "mode": mode,
+                       "threads": args.threads, "budget": budget, "direction": d}
+                res = bench._measure(workers, req, [lib for lib, w in workers.items() if w.available])
+                for lib, rr in res.items():
+                    if "error" in rr:
+                        bench._progress(f"  {lib}: {rr['error']}")
+                vals = {lib: res.get(lib, {}).get(d) for lib in LIBS}
+                cy = vals["cynorm"]
+                for lib, v in vals.items():
+                    row[f"{d}_{lib}_ms"] = v * 1e3 if v else None
+                row[f"{d}_floor_eff"] = vals["numpy"] / cy if cy and vals["numpy"] else None
+                row[f"{d}_vs_torch"] = vals["torch"] / cy if cy and vals["torch"] else None
+                row[f"{d}_vs_ort"] = vals["ort"] / cy if cy and vals["ort"] else None
+            rows.append(row)
+    finally:
+        for w in workers.values():
+            w.close()
+    meta = {"command": "groupnorm", "threads": args.threads, "machine": bench._machine(),
+            "versions": {lib: w.info.get("version") for lib, w in workers.items()},
+            "isa": workers["cynorm"].info.get("config", {}).get("isa")}
+    _print(rows, meta)
+    if args.json:
+        import json
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        bench._progress(f"wrote {args.json}")
+
+
+def _geomean(vals):
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
+
+
+def _print(rows, meta):
+    from bench import _fmt
+    v = meta["versions"]
+    print(f"\n### GroupNorm -- cynorm {v.get('cynorm')} ({meta['isa']}), torch {v.get('torch')}, onnxruntime "
+          f"{v.get('ort')}, {meta['threads']} thread(s), {meta['machine']['cpu_model']}\n")
+    print("Times in ms (median), fresh outputs. eff = floor / cynorm; vs X = X's time / cynorm's.\n")
+    for d, title in (("fwd", "forward"), ("bwd", "backward")):
+        print(f"{title}:\n")
+        print("| shape | G | layout | mode | cynorm | torch | ORT | floor | floor eff | vs torch | vs ORT |")
+        print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        for r in rows:
+            cells = [r[f"{d}_cynorm_ms"], r[f"{d}_torch_ms"], r[f"{d}_ort_ms"], r[f"{d}_numpy_ms"]]
+            ratios = [r[f"{d}_floor_eff"], r[f"{d}_vs_torch"], r[f"{d}_vs_ort"]]
+            print(f"| {tuple(r['shape'])} | {r['groups']} | {r['layout']} | {r['mode']} | "
+                  + " | ".join(_fmt(c) for c in cells) + " | " + " | ".join(_fmt(c, 2) for c in ratios) + " |")
+        print()
+    for d in ("fwd", "bwd"):
+        for layout in sorted({r["layout"] for r in rows}):
+            sel = [r for r in rows if r["layout"] == layout]
+            vt = [r[f"{d}_vs_torch"] for r in sel if r[f"{d}_vs_torch"]]
+            big = [r[f"{d}_vs_torch"] for r in sel if r[f"{d}_vs_torch"] and r["elements"] >= LARGE]
+            eff = [r[f"{d}_floor_eff"] for r in sel if r[f"{d}_floor_eff"] and r["elements"] >= LARGE]
+            if vt:
+                print(f"{d} {layout}: vs torch lowest {min(vt):.2f}, geometric mean over large cells "
+                      f"{_geomean(big) or float('nan'):.2f}; floor eff on large cells lowest "
+                      f"{min(eff) if eff else float('nan'):.2f}")
+    sys.stdout.flush()
