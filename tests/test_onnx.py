@@ -14,6 +14,7 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import cynorm.onnx as cno  # noqa: E402
 from conftest import BF16, F16, F32, F64  # noqa: E402
+import reference as ref  # noqa: E402
 
 DTYPES = [pytest.param(d, id=str(d)) for d in (F32, F16, BF16, F64)]
 #: how far the reference evaluator may be from us, in units of the working type's
@@ -185,6 +186,69 @@ def test_the_onnx_wheels_rms_normalization_cases(monkeypatch):
                                     stash_type=a.get("stash_type", 1))
         assert got.shape == want.shape and got.dtype == inputs[1].dtype, name
         np.testing.assert_allclose(got.astype(F64), want.astype(F64), rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def run_group_reference(X, S, B, **attrs):
+    tp = helper.np_dtype_to_tensor_dtype
+    ins = [helper.make_tensor_value_info(n, tp(a.dtype), a.shape) for n, a in zip("XSB", (X, S, B))]
+    node = helper.make_node("GroupNormalization", ["X", "S", "B"], ["Y"], **attrs)
+    graph = helper.make_graph([node], "g", ins, [helper.make_tensor_value_info("Y", TensorProto.UNDEFINED, None)])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    return ReferenceEvaluator(m).run(None, {"X": X, "S": S, "B": B})[0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_group_normalization_matches_the_reference_evaluator(dtype, rng):
+    """Random shapes (no spatial dims to 3-d), group counts and the spec's stash types,
+    against the evaluator's run of the spec's function body."""
+    for _ in range(12):
+        G = int(rng.choice([1, 2, 3, 4]))
+        C = G * int(rng.integers(1, 5))
+        shape = (int(rng.integers(1, 4)), C) + tuple(int(s) for s in rng.integers(1, 6, size=int(rng.integers(0, 4))))
+        X = (rng.standard_normal(shape) * 2 + 0.5).astype(dtype)
+        S = (1 + 0.5 * rng.standard_normal(C)).astype(dtype)
+        B = (0.5 * rng.standard_normal(C)).astype(dtype)
+        for stash in (1, 11) if dtype == F64 else (1,):
+            Y = cno.group_normalization(X, S, B, num_groups=G, epsilon=1e-5, stash_type=stash)
+            rY = run_group_reference(X, S, B, num_groups=G, epsilon=1e-5, stash_type=stash)
+            assert Y.shape == X.shape and Y.dtype == X.dtype == rY.dtype
+            if dtype == F64 and stash == 11:
+                # the body's variance, E[x^2] - E[x]^2, cancels in float64 too: judged against
+                # an accurate float64 evaluation, and the evaluator within that cancellation
+                want = ref.group_norm(X, G, S, B)[0]
+                assert ulps(Y, want, 1e-12) <= 1 and ulps(Y, rY, 1e-9) <= 1, (shape, G)
+                continue
+            work = F32 if dtype == F64 else dtype
+            assert ulps(Y, rY, np.dtype(work)) <= REF_ULPS * (4 if dtype.itemsize == 2 else 1), (shape, G, stash)
+
+
+def test_the_onnx_wheels_group_normalization_cases(monkeypatch):
+    cases = _node_cases("groupnormalization", monkeypatch)
+    assert len(cases) >= 2
+    for node, inputs, outputs, name in cases:
+        a = _attrs(node)
+        (want,) = outputs
+        got = cno.group_normalization(*inputs, num_groups=a["num_groups"], epsilon=a.get("epsilon", 1e-5),
+                                      stash_type=a.get("stash_type", 1))
+        assert got.shape == want.shape and got.dtype == want.dtype, name
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda X: cno.group_normalization(X, np.ones(5, F32), np.ones(5, F32), num_groups=2), ValueError,
+     "must divide the number of channels"),
+    (lambda X: cno.group_normalization(X, np.ones(4, F32), np.ones(5, F32), num_groups=5), ValueError,
+     "scale must have shape (C,) = (5,)"),
+    (lambda X: cno.group_normalization(X, np.ones(5, F16), np.ones(5, F32), num_groups=5), TypeError,
+     "scale must have X's type"),
+    (lambda X: cno.group_normalization(X, np.ones(5, F32), np.ones(5, F32), num_groups=5, stash_type=2),
+     ValueError, "stash_type"),
+])
+def test_group_normalization_refuses_bad_input(call, exc, match):
+    X = np.ones((4, 5), F32)
+    with pytest.raises(exc) as info:
+        call(X)
+    assert match in str(info.value)
 
 
 @pytest.mark.parametrize("call, exc, match", [

@@ -1,8 +1,10 @@
-"""ONNX's LayerNormalization (opset 17) and RMSNormalization (opset 23) with the
-spec's shapes, broadcasting and types, on cynorm's kernels.
+"""ONNX's LayerNormalization (opset 17), RMSNormalization (opset 23) and
+GroupNormalization (opset 21) with the spec's shapes, broadcasting and types,
+on cynorm's kernels.
 
     Y, Mean, InvStdDev = cynorm.onnx.layer_normalization(X, Scale, B, axis=-1, epsilon=1e-5)
     Y = cynorm.onnx.rms_normalization(X, scale, axis=-1, epsilon=1e-5)
+    Y = cynorm.onnx.group_normalization(X, scale, bias, num_groups=G, epsilon=1e-5)
 
 What follows the spec exactly: Scale and B may be anything unidirectionally
 broadcastable to X (``(3,1,1)``, ``(4,5)``, ``(1,)``, ``(1,1,4,5)``); Mean and
@@ -27,6 +29,12 @@ body (all documented, all within a few ulps):
   writes it, in X's type with NumPy.
 - ``stash_type=16`` (bfloat16) computes in float32 and rounds Mean and
   InvStdDev to bfloat16 at the end.
+- GroupNormalization (X as N x C x D1 ..., scale and bias of shape (C,)):
+  X not float64, any stash type: cynorm's GroupNorm kernel, statistics in
+  float32, scale and bias applied inside it and Y rounded once. float64 X with
+  stash_type=11 (double): the float64 kernel. float64 X with a float32, float16
+  or bfloat16 stash: stage one in float32 (the 16-bit stashes computed in
+  float32 too), then stage two in float64 as the spec writes it.
 - RMSNormalization with a scale of another type than X: X is normalized in the
   stash precision and rounded to X's type (as the spec's body casts it), then
   cast to the scale's type and multiplied by it there.
@@ -36,7 +44,7 @@ import numpy as np
 
 from . import _api, _checks, _dtypes
 
-__all__ = ["layer_normalization", "rms_normalization"]
+__all__ = ["layer_normalization", "rms_normalization", "group_normalization"]
 
 #: ONNX TensorProto data types cynorm computes in, by stash_type
 _STASH = {1: _dtypes.F32, 16: _dtypes.BF16}
@@ -116,3 +124,32 @@ def rms_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, num_thre
     N = N.astype(X.dtype).astype(scale.dtype)          # the spec: back to X's type, then to the scale's
     Y = N * (w if w is not None else w_full)
     return np.ascontiguousarray(Y, dtype=scale.dtype)
+
+
+#: GroupNormalization-21's stash types: float, float16, double, bfloat16
+_GROUP_STASH = (1, 10, 11, 16)
+
+
+def group_normalization(X, scale, bias, *, num_groups, epsilon=1e-5, stash_type=1, num_threads=None):
+    """ONNX GroupNormalization (opset 21): Y with X's shape and type. X is (N, C, D1, ...);
+    scale and bias have shape (C,) and X's type."""
+    from . import _group
+    X = _tensor(X, "X")
+    scale = _tensor(scale, "scale")
+    bias = _tensor(bias, "bias")
+    if isinstance(stash_type, bool) or stash_type not in _GROUP_STASH:
+        raise ValueError(f"cynorm.onnx: stash_type must be 1 (float), 10 (float16), 11 (double) or 16 "
+                         f"(bfloat16), got {stash_type!r}")
+    _, _, C, _, _ = _checks.group_layout(X.shape, num_groups, 1)
+    for name, p in (("scale", scale), ("bias", bias)):
+        if p.dtype != X.dtype:
+            raise TypeError(f"cynorm.onnx: {name} must have X's type {_dtypes.dtype_name(X.dtype)} (T), got "
+                            f"{_dtypes.dtype_name(p.dtype)}")
+        if p.shape != (C,):
+            raise ValueError(f"cynorm.onnx: {name} must have shape (C,) = ({C},), got {p.shape}")
+    eps = _checks.eps(epsilon)
+    if X.dtype != _dtypes.F64 or stash_type == 11:
+        return _group.group_norm(X, num_groups, scale, bias, eps=eps, num_threads=num_threads)
+    N = _group.group_norm(X.astype(_dtypes.F32), num_groups, eps=eps, num_threads=num_threads).astype(X.dtype)
+    per_channel = (1, C) + (1,) * (X.ndim - 2)
+    return np.ascontiguousarray(N * scale.reshape(per_channel) + bias.reshape(per_channel))
