@@ -304,3 +304,64 @@ def test_fused_on_a_local_cluster_of_worker_processes(cluster, rng):
         assert same(g, want)
     ran = {t["worker"] for t in stream.data if t["key"][0].startswith("cynorm-add_layer_norm-backward")}
     assert len(ran) == 2   # the fused backward ran on both processes
+
+
+# ------------------------------------------------------------- GroupNorm --
+
+def _group_inputs(rng, shape, pair):
+    xd, pd = pair
+    C = shape[1] if len(shape) else 0
+    return ((rng.standard_normal(shape) * 2 + 1).astype(xd), rng.standard_normal(shape).astype(xd),
+            (1 + 0.5 * rng.standard_normal(C)).astype(pd), (0.5 * rng.standard_normal(C)).astype(pd))
+
+
+@pytest.mark.parametrize("channel_axis", [1, -1])
+@pytest.mark.parametrize("pair", PAIRS)
+def test_group_norm_any_batch_chunking_gives_the_whole_arrays_bits(pair, channel_axis, rng):
+    x, dy, w, b = _group_inputs(rng, (37, 12, 5, 6), pair)
+    if channel_axis == -1:
+        x, dy = np.ascontiguousarray(np.moveaxis(x, 1, -1)), np.ascontiguousarray(np.moveaxis(dy, 1, -1))
+    y, mean, rstd = cynorm.group_norm_forward(x, 4, w, b, channel_axis=channel_axis)
+    want = (y, mean, rstd) + cynorm.group_norm_backward(dy, x, mean, rstd, w, num_groups=4, channel_axis=channel_axis)
+    for _ in range(3):
+        batch = random_chunks(rng, 37)
+        X = da.from_array(x, chunks=(batch,) + x.shape[1:])
+        DY = da.from_array(dy, chunks=(batch,) + x.shape[1:])
+        fwd = cnd.group_norm_forward(X, 4, w, b, channel_axis=channel_axis)
+        bwd = cnd.group_norm_backward(DY, X, fwd[1], fwd[2], w, num_groups=4, channel_axis=channel_axis)
+        assert all(isinstance(a, da.Array) for a in fwd + bwd) and fwd[0].chunks == X.chunks
+        got = dask.compute(*fwd, *bwd, scheduler="threads")
+        for g, e, name in zip(got, want, ("y", "mean", "rstd", "dx", "dweight", "dbias")):
+            assert same(g, e), (name, batch)
+
+
+def test_group_norm_split_channels_are_rechunked_with_a_warning(rng):
+    x, dy, w, b = _group_inputs(rng, (6, 8, 4), (np.dtype(np.float32),) * 2)
+    X = da.from_array(x, chunks=(3, 4, 2))
+    with pytest.warns(PerformanceWarning, match="rechunking"):
+        y = cnd.group_norm(X, 2, w, b)
+    assert same(y.compute(scheduler="threads"), cynorm.group_norm(x, 2, w, b))
+    with pytest.raises(ValueError, match="must divide"):
+        cnd.group_norm(X, 3, w, b)
+    with pytest.warns(PerformanceWarning, match="rechunking"):
+        got = cnd.group_norm_backward(X, X, np.zeros((6, 2), np.float32), np.ones((6, 2), np.float32), None,
+                                      num_groups=2)
+    assert got[1:] == (None, None)
+
+
+def test_group_norm_on_a_local_cluster_of_worker_processes(cluster, rng):
+    c, client = cluster
+    x, dy, w, b = _group_inputs(rng, (40, 320, 8, 8), PAIRS[3].values[0])   # bf16 x, float32 params
+    x, dy = np.ascontiguousarray(np.moveaxis(x, 1, -1)), np.ascontiguousarray(np.moveaxis(dy, 1, -1))  # NHWC
+    y, mean, rstd = cynorm.group_norm_forward(x, 32, w, b, channel_axis=-1)
+    want = (y, mean, rstd) + cynorm.group_norm_backward(dy, x, mean, rstd, w, num_groups=32, channel_axis=-1)
+    X = da.from_array(x, chunks=(7,) + x.shape[1:])
+    DY = da.from_array(dy, chunks=(7,) + x.shape[1:])
+    fwd = cnd.group_norm_forward(X, 32, w, b, channel_axis=-1)
+    bwd = cnd.group_norm_backward(DY, X, fwd[1], fwd[2], w, num_groups=32, channel_axis=-1)
+    with distributed.get_task_stream(client) as stream:
+        got = client.compute(list(fwd) + list(bwd), sync=True)
+    for g, e in zip(got, want):
+        assert same(g, e)
+    ran = {t["worker"] for t in stream.data if "_group_backward_task" in str(t["key"])}
+    assert len(ran) == 2   # the backward ran on both processes

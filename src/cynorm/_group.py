@@ -117,18 +117,23 @@ def group_norm_backward(dy, x, mean, rstd, weight=None, *, num_groups, channel_a
                                     T or 0)
     if weight is None:
         return dx, None, None
-    sums = _isa.kernels.group_part_sums(part)
-    for name, arr, row in (("dweight", dweight, 0), ("dbias", dbias, 1)):
-        value = _round_grad(sums[row], pair.grad)
-        if arr is None:
-            arr = value
-        else:
-            arr[...] = value
-        if name == "dweight":
-            dweight = arr
-        else:
-            dbias = arr
-    return dx, dweight, dbias
+    dw, db = param_grads(part, pair.grad)
+    if dweight is not None:
+        dweight[...] = dw
+        dw = dweight
+    if dbias is not None:
+        dbias[...] = db
+        db = dbias
+    return dx, dw, db
+
+
+def param_grads(part, grad_dtype):
+    """(dweight, dbias) from the samples' terms (float64 (N, 2, C), in batch order):
+    added sample after sample in float64, then rounded as the kernels round (via
+    float32 for 32- and 16-bit gradients). cynorm.dask concatenates its chunks'
+    terms and calls this: the same bits for any chunking."""
+    sums = _isa.kernels.group_part_sums(np.ascontiguousarray(part, dtype=np.float64))
+    return _round_grad(sums[0], grad_dtype), _round_grad(sums[1], grad_dtype)
 
 
 def instance_norm_forward(x, weight=None, bias=None, *, channel_axis=1, eps=1e-5, num_threads=None, out=None):

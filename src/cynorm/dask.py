@@ -25,6 +25,13 @@ Fused residual add + norm: ``add_layer_norm_forward(x, residual, ...)`` gives
 rstd, w, dh=...)`` gives ``(dsum, dweight, dbias)`` with the same exact block
 order (as ``cynorm.add_layer_norm_forward`` / ``_backward``; RMSNorm likewise).
 
+GroupNorm: ``group_norm_forward(x, num_groups, w, b, channel_axis=1)`` and
+``group_norm_backward(dy, x, mean, rstd, w, num_groups=..., channel_axis=...)``
+take x chunked along the batch axis only (the others are rechunked to one
+chunk, with a PerformanceWarning). Each task returns its samples' dweight/dbias
+terms; they are added sample after sample, as one call adds them: the same bits
+for any chunking of the batch.
+
 Threads. Inside a ``distributed`` worker a task uses the worker's threads
 (threads_per_worker) divided by the tasks it is running, so a node is never
 oversubscribed; ``num_threads`` caps it. Elsewhere (threaded or synchronous
@@ -43,13 +50,13 @@ try:
 except ImportError as exc:  # pragma: no cover - the extra is missing
     raise ImportError("cynorm.dask needs dask: pip install 'cynorm[dask]'") from exc
 
-from . import _api, _checks, _core, _dtypes, _fused, _isa
+from . import _api, _checks, _core, _dtypes, _fused, _group, _isa
 from ._threads import resolve_num_threads
 
 __all__ = ["layer_norm", "layer_norm_forward", "layer_norm_backward",
            "rms_norm", "rms_norm_forward", "rms_norm_backward",
            "add_layer_norm_forward", "add_layer_norm_backward", "add_rms_norm_forward", "add_rms_norm_backward",
-           "block_rows"]
+           "group_norm", "group_norm_forward", "group_norm_backward", "block_rows"]
 
 
 # ------------------------------------------------------------- threads --
@@ -326,3 +333,99 @@ def add_rms_norm_backward(dy, h, rstd, weight=None, *, dh=None, axis=-1, num_thr
     """``(dsum, dweight)`` as dask arrays (as ``cynorm.add_rms_norm_backward``)."""
     dsum, dw, _ = _backward(dy, h, None, rstd, weight, axis, num_threads, False, fused=True, dh=dh)
     return dsum, dw
+
+
+# ------------------------------------------------------------- GroupNorm --
+# One task per batch chunk (the other axes in one chunk each): dask.delayed
+# calls of the NumPy API, their pieces put back together as dask arrays.
+
+def _group_layout(x, num_groups, channel_axis):
+    _checks.x_dtype(x.dtype)
+    if any(math.isnan(s) for s in x.shape):
+        raise ValueError("cynorm: x has unknown chunk sizes; call x.compute_chunk_sizes() first")
+    return _checks.group_layout(x.shape, num_groups, channel_axis)
+
+
+def _batch_blocks(a):
+    """a's blocks along the batch axis, as delayed objects (its other axes in one chunk)."""
+    return list(a.to_delayed().reshape(-1))
+
+
+def _group_forward_task(x, weight, bias, *, G, ca, eps, num_threads):
+    return _group.group_norm_forward(x, G, weight, bias, channel_axis=ca, eps=eps,
+                                     num_threads=_task_threads(num_threads))
+
+
+def group_norm_forward(x, num_groups, weight=None, bias=None, *, channel_axis=1, eps=1e-5, num_threads=None):
+    """``(y, mean, rstd)`` as dask arrays (as ``cynorm.group_norm_forward``); mean and
+    rstd (N, num_groups) get x's batch chunks."""
+    from dask import delayed
+    x = _as_dask(x, "x")
+    _, N, C, S, G = _group_layout(x, num_groups, channel_axis)
+    weight, bias = _param(weight, "weight"), _param(bias, "bias")
+    pair = _checks.params(np.dtype(x.dtype), (C,), weight, bias, "(C,)")
+    eps = _checks.eps(eps)
+    _checks.num_threads(num_threads)
+    x = _whole_norm_axes(x, 1, "x")
+    task = delayed(_group_forward_task, pure=True, nout=3)
+    ys, means, rstds = [], [], []
+    for block, n in zip(_batch_blocks(x), x.chunks[0]):
+        y, mean, rstd = task(block, weight, bias, G=G, ca=channel_axis, eps=eps, num_threads=num_threads)
+        ys.append(da.from_delayed(y, (n,) + x.shape[1:], dtype=pair.x, meta=np.empty((0,) * x.ndim, pair.x)))
+        for out, d in ((means, mean), (rstds, rstd)):
+            out.append(da.from_delayed(d, (n, G), dtype=pair.stat, meta=np.empty((0, 0), pair.stat)))
+    return da.concatenate(ys), da.concatenate(means), da.concatenate(rstds)
+
+
+def group_norm(x, num_groups, weight=None, bias=None, *, channel_axis=1, eps=1e-5, num_threads=None):
+    """GroupNorm of a dask array (as ``cynorm.group_norm``): y, lazily."""
+    return group_norm_forward(x, num_groups, weight, bias, channel_axis=channel_axis, eps=eps,
+                              num_threads=num_threads)[0]
+
+
+def _group_backward_task(dy, x, mean, rstd, weight, *, code, G, ca, num_threads):
+    """dx, and the chunk's samples' dweight/dbias terms (float64 (n, 2, C))."""
+    channels_last, n, C, S, _ = _checks.group_layout(x.shape, G, ca)
+    dx = np.empty(x.shape, x.dtype)
+    part = np.empty((n, 2, C), np.float64)
+    c = np.ascontiguousarray
+    if n:
+        _isa.kernels.group_backward(code, c(dy), c(x), c(mean), c(rstd), weight, dx, part, n, C, S, G,
+                                    channels_last, resolve_num_threads(_task_threads(num_threads)))
+    return dx, part
+
+
+def _group_grads(parts, grad_dtype):
+    """dweight, dbias from every chunk's terms, in batch order: one call's sums."""
+    return _group.param_grads(np.concatenate(parts), grad_dtype)
+
+
+def group_norm_backward(dy, x, mean, rstd, weight=None, *, num_groups, channel_axis=1, num_threads=None):
+    """``(dx, dweight, dbias)`` as dask arrays; dweight/dbias bit-identical to
+    ``cynorm.group_norm_backward`` on the whole array, for any chunking of the batch."""
+    from dask import delayed
+    x, dy = _as_dask(x, "x"), _as_dask(dy, "dy")
+    _, N, C, S, G = _group_layout(x, num_groups, channel_axis)
+    _checks.like("dy", dy.shape, dy.dtype, "x", x.shape, x.dtype)
+    weight = _param(weight, "weight")
+    pair = _checks.params(np.dtype(x.dtype), (C,), weight, None, "(C,)")
+    _checks.num_threads(num_threads)
+    x = _whole_norm_axes(x, 1, "x")
+    dy = _whole_norm_axes(dy, 1, "dy").rechunk(x.chunks)
+    batch = x.chunks[0]
+    stats = []
+    for name, s in (("mean", mean), ("rstd", rstd)):
+        s = _as_dask(s, name)
+        _checks.group_stats(name, s.shape, s.dtype, N, G, pair.stat)
+        stats.append(_batch_blocks(s.rechunk((batch, (G,)))))
+    task = delayed(_group_backward_task, pure=True, nout=2)
+    dxs, parts = [], []
+    for dyb, xb, mb, rb, n in zip(_batch_blocks(dy), _batch_blocks(x), stats[0], stats[1], batch):
+        dx, part = task(dyb, xb, mb, rb, weight, code=pair.code, G=G, ca=channel_axis, num_threads=num_threads)
+        dxs.append(da.from_delayed(dx, (n,) + x.shape[1:], dtype=pair.x, meta=np.empty((0,) * x.ndim, pair.x)))
+        parts.append(part)
+    dx = da.concatenate(dxs)
+    if weight is None:
+        return dx, None, None
+    grads = delayed(_group_grads, pure=True, nout=2)(parts, pair.grad)
+    return (dx,) + tuple(da.from_delayed(g, (C,), dtype=pair.grad, meta=np.empty((0,), pair.grad)) for g in grads)
