@@ -141,3 +141,78 @@ def test_without_the_gil_from_many_threads(api, rng):
         t.join()
     for g, e in zip(got, want):
         assert np.array_equal(g, e)
+
+
+# ------------------------------------------------------------- GroupNorm (ABI 3) --
+
+class GroupDesc(ctypes.Structure):
+    _fields_ = [("x_dtype", c_int), ("param_dtype", c_int), ("batch", c_int64), ("channels", c_int64),
+                ("spatial", c_int64), ("groups", c_int64), ("channels_last", c_int), ("eps", c_double),
+                ("num_threads", c_int)]
+
+
+class GroupFwdBufs(ctypes.Structure):
+    _fields_ = [(n, c_void_p) for n in ("x", "weight", "bias", "y", "mean", "rstd")]
+
+
+class GroupBwdBufs(ctypes.Structure):
+    _fields_ = [(n, c_void_p) for n in ("dy", "x", "mean", "rstd", "weight", "dx", "dweight", "dbias", "terms")]
+
+
+class ApiV3(ctypes.Structure):
+    _fields_ = Api._fields_ + [("add_forward", c_void_p), ("add_backward", c_void_p),
+                               ("group_forward", ctypes.CFUNCTYPE(c_int, ctypes.POINTER(GroupDesc),
+                                                                  ctypes.POINTER(GroupFwdBufs))),
+                               ("group_backward", ctypes.CFUNCTYPE(c_int, ctypes.POINTER(GroupDesc),
+                                                                   ctypes.POINTER(GroupBwdBufs)))]
+
+
+@pytest.fixture(scope="module")
+def api3(api):
+    assert api.abi_version >= 3
+    return ApiV3.from_address(ctypes.addressof(api))
+
+
+@pytest.mark.parametrize("channels_last", [0, 1])
+@pytest.mark.parametrize("pair", PAIRS)
+def test_group_norm_same_bits_as_the_python_api(api3, pair, channels_last, rng):
+    N, C, S, G = 6, 12, 35, 4
+    shape = (N, S, C) if channels_last else (N, C, S)
+    x, dy, _, _ = make_inputs(rng, shape, 1, pair)
+    w = (1 + 0.5 * rng.standard_normal(C)).astype(pair[1])
+    b = (0.5 * rng.standard_normal(C)).astype(pair[1])
+    ca = -1 if channels_last else 1
+    y0, m0, r0 = cynorm.group_norm_forward(x, G, w, b, channel_axis=ca)
+    dx0, dw0, db0 = cynorm.group_norm_backward(dy, x, m0, r0, w, num_groups=G, channel_axis=ca)
+    d = GroupDesc(CODES[x.dtype.name], CODES[w.dtype.name], N, C, S, G, channels_last, 1e-5, 2)
+    y, m, r = np.empty_like(x), np.empty((N, G), _stat(x)), np.empty((N, G), _stat(x))
+    assert api3.group_forward(ctypes.byref(d), ctypes.byref(GroupFwdBufs(*map(_ptr, (x, w, b, y, m, r))))) == 0
+    for g, e in ((y, y0), (m, m0), (r, r0)):
+        assert np.array_equal(g.view(np.uint8), e.view(np.uint8))
+    # the backward in two batch ranges, their terms added in order: the whole batch's bits
+    terms = np.empty((N, 2, C), np.float64)
+    dx = np.empty_like(x)
+    for lo, hi in ((0, 2), (2, N)):
+        dr = GroupDesc(CODES[x.dtype.name], CODES[w.dtype.name], hi - lo, C, S, G, channels_last, 0.0, 1)
+        bufs = GroupBwdBufs(_ptr(dy[lo:hi]), _ptr(x[lo:hi]), _ptr(m[lo:hi]), _ptr(r[lo:hi]), _ptr(w), _ptr(dx[lo:hi]),
+                            None, None, _ptr(terms[lo:hi]))
+        assert api3.group_backward(ctypes.byref(dr), ctypes.byref(bufs)) == 0
+    assert np.array_equal(dx.view(np.uint8), dx0.view(np.uint8))
+    from cynorm import _group
+    dw, db = _group.param_grads(terms, dw0.dtype)
+    assert np.array_equal(dw.view(np.uint8), dw0.view(np.uint8)) and np.array_equal(db.view(np.uint8), db0.view(np.uint8))
+
+
+def test_group_norm_invalid_descriptors(api3):
+    x = np.ones((2, 6, 5), np.float32)
+    y, m, r, w = np.empty_like(x), np.empty((2, 3), np.float32), np.empty((2, 3), np.float32), np.ones(6, np.float32)
+    bufs = GroupFwdBufs(*map(_ptr, (x, w, None, y, m, r)))
+    for fields in ({"groups": 4}, {"groups": 0}, {"spatial": 0}, {"channels_last": 2}, {"x_dtype": 9},
+                   {"param_dtype": F64}, {"eps": -1.0}, {"num_threads": -1}):
+        kw = dict(x_dtype=F32, param_dtype=F32, batch=2, channels=6, spatial=5, groups=3, channels_last=0,
+                  eps=1e-5, num_threads=1)
+        kw.update(fields)
+        assert api3.group_forward(ctypes.byref(GroupDesc(**kw)), ctypes.byref(bufs)) == 2, fields
+    d = GroupDesc(F32, F32, 2, 6, 5, 3, 0, 0.0, 1)
+    half = GroupBwdBufs(_ptr(x), _ptr(x), _ptr(m), _ptr(r), _ptr(w), _ptr(y), _ptr(w.copy()), None, None)
+    assert api3.group_backward(ctypes.byref(d), ctypes.byref(half)) == 2   # dweight without dbias

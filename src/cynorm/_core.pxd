@@ -262,6 +262,29 @@ cdef extern from "cynorm.h" nogil:
         void *dbias
         void *dweight_blocks
         void *dbias_blocks
+    ctypedef struct cynorm_group_desc:
+        int x_dtype, param_dtype
+        int64_t batch, channels, spatial, groups
+        int channels_last
+        double eps
+        int num_threads
+    ctypedef struct cynorm_group_fwd_bufs:
+        const void *x
+        const void *weight
+        const void *bias
+        void *y
+        void *mean
+        void *rstd
+    ctypedef struct cynorm_group_bwd_bufs:
+        const void *dy
+        const void *x
+        const void *mean
+        const void *rstd
+        const void *weight
+        void *dx
+        void *dweight
+        void *dbias
+        double *terms
     ctypedef struct cynorm_api:
         int abi_version
         int (*forward)(const cynorm_desc *, const cynorm_fwd_bufs *) noexcept nogil
@@ -270,6 +293,8 @@ cdef extern from "cynorm.h" nogil:
         int64_t (*block_rows)(int64_t, int64_t, int) noexcept nogil
         int (*add_forward)(const cynorm_add_desc *, const cynorm_add_fwd_bufs *) noexcept nogil
         int (*add_backward)(const cynorm_add_desc *, const cynorm_add_bwd_bufs *) noexcept nogil
+        int (*group_forward)(const cynorm_group_desc *, const cynorm_group_fwd_bufs *) noexcept nogil
+        int (*group_backward)(const cynorm_group_desc *, const cynorm_group_bwd_bufs *) noexcept nogil
     enum:
         CYNORM_ABI_VERSION
         CYNORM_F32

@@ -19,7 +19,7 @@ about 100 ns each to acquire, a large share of a tiny call.)
 """
 
 from libc.stdint cimport int64_t, uint16_t, uint64_t, uintptr_t
-from libc.stdlib cimport malloc, free
+from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memset
 from cpython.pycapsule cimport PyCapsule_New
 import numpy as np

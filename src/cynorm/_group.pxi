@@ -42,111 +42,212 @@ cdef float *_gn_params(int half, const void **w, const void **b, int64_t C) noex
     return wide
 
 
-def group_forward(int pair, cnp.ndarray x, cnp.ndarray y, object weight, object bias, cnp.ndarray mean,
-                  cnp.ndarray rstd, int64_t N, int64_t C, int64_t S, int64_t G, double eps, bint channels_last,
-                  int num_threads):
-    """GroupNorm forward on checked C-contiguous arrays: x and y (N, C, S) or (N, S, C)
-    (channels_last), weight/bias (C,) or None, mean/rstd (N, G)."""
+cdef inline int _group_pair(const cynorm_group_desc *d) noexcept nogil:
+    """The pair code of a GroupNorm descriptor's dtypes, or -1 (without params: x's first pair)."""
+    cdef int i
+    for i in range(CN_NUM_PAIRS):
+        if cn_pair_rows[i].x == d.x_dtype and (d.param_dtype == CYNORM_NO_PARAMS
+                                                or cn_pair_rows[i].param == d.param_dtype):
+            return i
+    return -1
+
+
+cdef inline bint _group_desc_ok(const cynorm_group_desc *d) noexcept nogil:
+    return (d.batch >= 0 and d.channels >= 1 and d.spatial >= 1 and d.groups >= 1 and d.channels % d.groups == 0
+            and (d.channels_last == 0 or d.channels_last == 1) and d.num_threads >= 0 and LEVEL != NULL)
+
+
+cdef int _c_group_forward(const cynorm_group_desc *d, const cynorm_group_fwd_bufs *b) noexcept nogil:
+    """The C entry point's GroupNorm forward (cynorm.h)."""
+    cdef int pair = _group_pair(d)
+    if pair < 0 or not _group_desc_ok(d) or not (d.eps >= 0.0 and d.eps <= 1.7976931348623157e308):
+        return CYNORM_EINVAL
+    if d.batch == 0:
+        return CYNORM_OK
+    if b.x == NULL or b.y == NULL or b.mean == NULL or b.rstd == NULL:
+        return CYNORM_EINVAL
+    if d.param_dtype == CYNORM_NO_PARAMS and (b.weight != NULL or b.bias != NULL):
+        return CYNORM_EINVAL
     cdef const cn_ops *ops = cn_get_ops(pair)
-    if ops == NULL:
-        raise ValueError(f"unknown kernel pair {pair}")
-    weight = _contig(weight)
-    bias = _contig(bias)
     cdef cn_gn_fwd_args a
-    a.x = _data(x)
-    a.y = _data(y)
-    a.w = _data(weight)
-    a.b = _data(bias)
-    a.mean = _data(mean)
-    a.rstd = _data(rstd)
-    a.N, a.C, a.S, a.G = N, C, S, G
-    a.eps = eps
-    a.channels_last = channels_last
+    a.x, a.y, a.w, a.b, a.mean, a.rstd = b.x, b.y, b.weight, b.bias, b.mean, b.rstd
+    a.N, a.C, a.S, a.G = d.batch, d.channels, d.spatial, d.groups
+    a.eps = d.eps
+    a.channels_last = d.channels_last
     cdef int half = _widened(pair)
-    cdef float *wide = _gn_params(half, &a.w, &a.b, C)
-    if half and (weight is not None or bias is not None) and wide == NULL:
-        raise MemoryError("cynorm: out of memory for the widened params")
-    cdef int64_t units = N if channels_last else N * G
-    cdef int T, t
+    cdef float *wide = _gn_params(half, &a.w, &a.b, a.C)
+    if half and (b.weight != NULL or b.bias != NULL) and wide == NULL:
+        return CYNORM_ENOMEM
+    cdef int64_t units = a.N if a.channels_last else a.N * a.G
+    cdef int64_t per = CN_GN_SCRATCH(a.C)
+    cdef int T = _gn_threads(ops, a.N * a.G, a.C // a.G * a.S, units, d.num_threads, False, cn_enter_call())
     cdef double *scratch = NULL
-    cdef int64_t per = CN_GN_SCRATCH(C)
-    with nogil:
-        T = _gn_threads(ops, N * G, C // G * S, units, num_threads, False, cn_enter_call())
-        if channels_last:
-            scratch = <double *>malloc(T * per * sizeof(double))
-        if not channels_last or scratch != NULL:
-            if T <= 1:
-                if channels_last:
-                    ops.gn_fwd_samples(&a, 0, N, scratch)
-                else:
-                    ops.gn_fwd_rows(&a, 0, units)
+    cdef int t
+    cdef int rc = CYNORM_OK
+    if a.channels_last:
+        scratch = <double *>malloc(T * per * sizeof(double))
+        if scratch == NULL:
+            rc = CYNORM_ENOMEM
+    if rc == CYNORM_OK:
+        if T <= 1:
+            if a.channels_last:
+                ops.gn_fwd_samples(&a, 0, a.N, scratch)
             else:
-                for t in prange(T, schedule='static', num_threads=T):
-                    if channels_last:
-                        ops.gn_fwd_samples(&a, (units * t) // T, (units * (t + 1)) // T, scratch + t * per)
-                    else:
-                        ops.gn_fwd_rows(&a, (units * t) // T, (units * (t + 1)) // T)
-        cn_leave_call()
-    free(wide)
-    if channels_last and scratch == NULL:
-        raise MemoryError("cynorm: out of memory for GroupNorm's scratch")
+                ops.gn_fwd_rows(&a, 0, units)
+        else:
+            for t in prange(T, schedule='static', num_threads=T):
+                if a.channels_last:
+                    ops.gn_fwd_samples(&a, (units * t) // T, (units * (t + 1)) // T, scratch + t * per)
+                else:
+                    ops.gn_fwd_rows(&a, (units * t) // T, (units * (t + 1)) // T)
+    cn_leave_call()
     free(scratch)
+    free(wide)
+    return rc
 
 
-def group_backward(int pair, cnp.ndarray dy, cnp.ndarray x, cnp.ndarray mean, cnp.ndarray rstd, object weight,
-                   cnp.ndarray dx, cnp.ndarray part, int64_t N, int64_t C, int64_t S, int64_t G,
-                   bint channels_last, int num_threads):
-    """GroupNorm backward: dx, and each sample's dweight/dbias terms in part
-    (float64, (N, 2, C): sum dy * xhat, then sum dy, per channel)."""
+cdef int _c_group_backward(const cynorm_group_desc *d, const cynorm_group_bwd_bufs *b) noexcept nogil:
+    """The C entry point's GroupNorm backward (cynorm.h): dx; dweight/dbias from the
+    samples' terms added in order and rounded once (via float32 for 16-bit params)."""
+    cdef int pair = _group_pair(d)
+    if pair < 0 or not _group_desc_ok(d):
+        return CYNORM_EINVAL
+    if (b.dweight == NULL) != (b.dbias == NULL) or (b.dweight != NULL and b.weight == NULL):
+        return CYNORM_EINVAL
+    if d.param_dtype == CYNORM_NO_PARAMS and b.weight != NULL:
+        return CYNORM_EINVAL
+    cdef int64_t N = d.batch, C = d.channels, n, j
+    if N > 0 and (b.dy == NULL or b.x == NULL or b.mean == NULL or b.rstd == NULL or b.dx == NULL):
+        return CYNORM_EINVAL
     cdef const cn_ops *ops = cn_get_ops(pair)
-    if ops == NULL:
-        raise ValueError(f"unknown kernel pair {pair}")
-    weight = _contig(weight)
     cdef cn_gn_bwd_args a
-    a.dy = _data(dy)
-    a.x = _data(x)
-    a.mean = _data(mean)
-    a.rstd = _data(rstd)
-    a.w = _data(weight)
-    a.dx = _data(dx)
-    a.N, a.C, a.S, a.G = N, C, S, G
-    a.channels_last = channels_last
+    a.dy, a.x, a.mean, a.rstd, a.w, a.dx = b.dy, b.x, b.mean, b.rstd, b.weight, b.dx
+    a.N, a.C, a.S, a.G = N, C, d.spatial, d.groups
+    a.channels_last = d.channels_last
     cdef const void *no_bias = NULL
     cdef int half = _widened(pair)
     cdef float *wide = _gn_params(half, &a.w, &no_bias, C)
-    if half and weight is not None and wide == NULL:
-        raise MemoryError("cynorm: out of memory for the widened params")
-    cdef double *p = <double *>_data(part)
-    cdef int64_t units = N if channels_last else N * G
-    cdef int T, t
-    cdef double *scratch = NULL
+    if half and b.weight != NULL and wide == NULL:
+        return CYNORM_ENOMEM
+    cdef double *part = b.terms
+    cdef double *sums = <double *>calloc(2 * C, sizeof(double))
+    if part == NULL:
+        part = <double *>malloc((N if N > 0 else 1) * 2 * C * sizeof(double))
+    cdef int64_t units = N if a.channels_last else N * a.G
     cdef int64_t per = CN_GN_SCRATCH(C)
-    with nogil:
-        T = _gn_threads(ops, N * G, C // G * S, units, num_threads, True, cn_enter_call())
-        if channels_last:
-            scratch = <double *>malloc(T * per * sizeof(double))
-        if not channels_last or scratch != NULL:
-            if T <= 1:
-                if channels_last:
-                    ops.gn_bwd_samples(&a, 0, N, p, scratch)
-                else:
-                    ops.gn_bwd_rows(&a, 0, units, p)
+    cdef int T = _gn_threads(ops, N * a.G, C // a.G * a.S, units, d.num_threads, True, cn_enter_call())
+    cdef double *scratch = NULL
+    cdef int t
+    cdef int rc = CYNORM_OK
+    if a.channels_last:
+        scratch = <double *>malloc(T * per * sizeof(double))
+    if part == NULL or sums == NULL or (a.channels_last and scratch == NULL):
+        rc = CYNORM_ENOMEM
+    if rc == CYNORM_OK and N > 0:
+        if T <= 1:
+            if a.channels_last:
+                ops.gn_bwd_samples(&a, 0, N, part, scratch)
             else:
-                for t in prange(T, schedule='static', num_threads=T):
-                    if channels_last:
-                        ops.gn_bwd_samples(&a, (units * t) // T, (units * (t + 1)) // T, p, scratch + t * per)
-                    else:
-                        ops.gn_bwd_rows(&a, (units * t) // T, (units * (t + 1)) // T, p)
-        cn_leave_call()
-    free(wide)
-    if channels_last and scratch == NULL:
-        raise MemoryError("cynorm: out of memory for GroupNorm's scratch")
+                ops.gn_bwd_rows(&a, 0, units, part)
+        else:
+            for t in prange(T, schedule='static', num_threads=T):
+                if a.channels_last:
+                    ops.gn_bwd_samples(&a, (units * t) // T, (units * (t + 1)) // T, part, scratch + t * per)
+                else:
+                    ops.gn_bwd_rows(&a, (units * t) // T, (units * (t + 1)) // T, part)
+    cn_leave_call()
+    if rc == CYNORM_OK and b.dweight != NULL:
+        for n in range(N):            # sample after sample: the order depends on N alone
+            for j in range(2 * C):
+                sums[j] += part[n * 2 * C + j]
+        _group_round(sums, b.dweight, C, pair)
+        _group_round(sums + C, b.dbias, C, pair)
     free(scratch)
+    free(sums)
+    if part != b.terms:
+        free(part)
+    free(wide)
+    return rc
+
+
+cdef void _group_round(const double *src, void *dst, int64_t C, int pair) noexcept nogil:
+    """float64 sums into the pair's gradient dtype: float64 as they are; float32 once;
+    16-bit via float32 (the level's conversion, as every 16-bit output)."""
+    cdef int64_t j
+    cdef int param = cn_pair_rows[pair].param
+    cdef float *tmp
+    if param == CYNORM_F64:
+        for j in range(C):
+            (<double *>dst)[j] = src[j]
+    elif param == CYNORM_F32:
+        for j in range(C):
+            (<float *>dst)[j] = <float>src[j]
+    else:
+        tmp = <float *>malloc(C * sizeof(float))
+        if tmp != NULL:
+            for j in range(C):
+                tmp[j] = <float>src[j]
+            _narrow(_half_of(param), tmp, dst, C)
+        free(tmp)
+
+
+_C_API_TABLE.group_forward = _c_group_forward
+_C_API_TABLE.group_backward = _c_group_backward
+
+
+cdef inline int _group_desc(cynorm_group_desc *d, int pair, bint has_params, int64_t N, int64_t C, int64_t S,
+                            int64_t G, bint channels_last, double eps, int num_threads) noexcept:
+    d.x_dtype = cn_pair_rows[pair].x
+    d.param_dtype = cn_pair_rows[pair].param if has_params else CYNORM_NO_PARAMS
+    d.batch, d.channels, d.spatial, d.groups = N, C, S, G
+    d.channels_last = channels_last
+    d.eps = eps
+    d.num_threads = num_threads
+    return 0
+
+
+def group_forward(int pair, cnp.ndarray x, cnp.ndarray y, object weight, object bias, cnp.ndarray mean,
+                  cnp.ndarray rstd, int64_t N, int64_t C, int64_t S, int64_t G, double eps, bint channels_last,
+                  int num_threads):
+    """GroupNorm forward through the C entry point, on checked C-contiguous arrays: x and y
+    (N, C, S) or (N, S, C) (channels_last), weight/bias (C,) or None, mean/rstd (N, G)."""
+    if pair < 0 or pair >= CN_NUM_PAIRS:
+        raise ValueError(f"unknown kernel pair {pair}")
+    weight = _contig(weight)
+    bias = _contig(bias)
+    cdef cynorm_group_desc d
+    cdef cynorm_group_fwd_bufs b
+    _group_desc(&d, pair, weight is not None or bias is not None, N, C, S, G, channels_last, eps, num_threads)
+    b.x, b.y, b.weight, b.bias, b.mean, b.rstd = _data(x), _data(y), _data(weight), _data(bias), _data(mean), _data(rstd)
+    cdef int rc
+    with nogil:
+        rc = _c_group_forward(&d, &b)
+    _check(rc)
+
+
+def group_backward(int pair, cnp.ndarray dy, cnp.ndarray x, cnp.ndarray mean, cnp.ndarray rstd, object weight,
+                   cnp.ndarray dx, object dweight, object dbias, object terms, int64_t N, int64_t C, int64_t S,
+                   int64_t G, bint channels_last, int num_threads):
+    """GroupNorm backward through the C entry point: dx; dweight/dbias (param dtype) when
+    given; each sample's terms into `terms` (float64 (N, 2, C)) when given."""
+    if pair < 0 or pair >= CN_NUM_PAIRS:
+        raise ValueError(f"unknown kernel pair {pair}")
+    weight = _contig(weight)
+    cdef cynorm_group_desc d
+    cdef cynorm_group_bwd_bufs b
+    _group_desc(&d, pair, weight is not None, N, C, S, G, channels_last, 0.0, num_threads)
+    b.dy, b.x, b.mean, b.rstd, b.weight, b.dx = _data(dy), _data(x), _data(mean), _data(rstd), _data(weight), _data(dx)
+    b.dweight, b.dbias = _data(dweight), _data(dbias)
+    b.terms = <double *>_data(terms)
+    cdef int rc
+    with nogil:
+        rc = _c_group_backward(&d, &b)
+    _check(rc)
 
 
 def group_part_sums(cnp.ndarray part):
     """dweight and dbias in float64 from the samples' terms (part: C-contiguous float64
-    (N, 2, C)), added sample after sample: (2, C). The order depends on nothing but N."""
+    (N, 2, C)), added sample after sample, as _c_group_backward adds them: (2, C)."""
     cdef int64_t N = part.shape[0], K = part.shape[1] * part.shape[2], n, j
     out = np.zeros((part.shape[1], part.shape[2]), np.float64)
     cdef double *o = <double *>_data(out)

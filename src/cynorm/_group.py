@@ -111,20 +111,14 @@ def group_norm_backward(dy, x, mean, rstd, weight=None, *, num_groups, channel_a
     x, dy, mean, rstd = _contiguous(x), _contiguous(dy), _contiguous(mean), _contiguous(rstd)
     if dx is None:
         dx = _api._new(_api._makers(x.size, pair.x, 0, pair.x)[0], x.shape, pair.x)[0]
-    part = np.empty((N, 2, C), np.float64)
-    if N:
-        _isa.kernels.group_backward(pair.code, dy, x, mean, rstd, weight, dx, part, N, C, S, G, channels_last,
-                                    T or 0)
-    if weight is None:
-        return dx, None, None
-    dw, db = param_grads(part, pair.grad)
-    if dweight is not None:
-        dweight[...] = dw
-        dw = dweight
-    if dbias is not None:
-        dbias[...] = db
-        db = dbias
-    return dx, dw, db
+    if weight is not None:
+        if dweight is None:
+            dweight = np.empty((C,), pair.grad)
+        if dbias is None:
+            dbias = np.empty((C,), pair.grad)
+    _isa.kernels.group_backward(pair.code, dy, x, mean, rstd, weight, dx, dweight, dbias, None, N, C, S, G,
+                                channels_last, T or 0)
+    return dx, dweight, dbias
 
 
 def param_grads(part, grad_dtype):

@@ -389,9 +389,8 @@ def _group_backward_task(dy, x, mean, rstd, weight, *, code, G, ca, num_threads)
     dx = np.empty(x.shape, x.dtype)
     part = np.empty((n, 2, C), np.float64)
     c = np.ascontiguousarray
-    if n:
-        _isa.kernels.group_backward(code, c(dy), c(x), c(mean), c(rstd), weight, dx, part, n, C, S, G,
-                                    channels_last, resolve_num_threads(_task_threads(num_threads)))
+    _isa.kernels.group_backward(code, c(dy), c(x), c(mean), c(rstd), weight, dx, None, None, part, n, C, S, G,
+                                channels_last, resolve_num_threads(_task_threads(num_threads)))
     return dx, part
 
 

@@ -1,6 +1,6 @@
 /*
- * cynorm.h -- cynorm's C entry point: LayerNorm and RMSNorm, forward and
- * backward, on raw pointers and a descriptor. No Python object is touched and
+ * cynorm.h -- cynorm's C entry point: LayerNorm, RMSNorm and GroupNorm,
+ * forward and backward, on raw pointers and a descriptor. No Python object is touched and
  * the GIL is not needed: call it from any thread. Results are bit-identical
  * to the Python API's for the same inputs, at any thread count.
  *
@@ -32,8 +32,9 @@ extern "C" {
  * whose table has a version >= k (cynorm_import checks just that), and uses
  * the functions of version k only.
  *   1: forward, backward, error_string, block_rows
- *   2: add_forward, add_backward */
-#define CYNORM_ABI_VERSION 2
+ *   2: add_forward, add_backward
+ *   3: group_forward, group_backward */
+#define CYNORM_ABI_VERSION 3
 
 enum cynorm_dtype { CYNORM_F32 = 0, CYNORM_F64 = 1, CYNORM_BF16 = 2, CYNORM_F16 = 3, CYNORM_NO_PARAMS = -1 };
 enum cynorm_norm { CYNORM_LAYER_NORM = 0, CYNORM_RMS_NORM = 1 };
@@ -91,6 +92,35 @@ typedef struct {
     void *dweight_blocks, *dbias_blocks;              /* as in cynorm_bwd_bufs */
 } cynorm_add_bwd_bufs;
 
+/* GroupNorm (InstanceNorm: groups == channels). x is (batch, channels, spatial)
+ * channels-first or (batch, spatial, channels) channels-last, spatial the
+ * product of the spatial dims (1 for none); each sample's group of
+ * channels/groups channels is normalized over its channels and positions;
+ * weight, bias, dweight, dbias hold one value per channel; mean and rstd
+ * batch * groups values (float32, or float64 for float64 x). */
+typedef struct {
+    int x_dtype, param_dtype;         /* as in cynorm_desc */
+    int64_t batch, channels, spatial, groups;   /* batch >= 0; the others >= 1, groups divides channels */
+    int channels_last;                /* 0: channels-first (NCHW), 1: channels-last (NHWC) */
+    double eps;                       /* forward: finite, >= 0 */
+    int num_threads;                  /* 0: the default */
+} cynorm_group_desc;
+
+typedef struct {
+    const void *x, *weight, *bias;   /* weight and bias may be NULL */
+    void *y, *mean, *rstd;           /* all three required; y may be x */
+} cynorm_group_fwd_bufs;
+
+typedef struct {
+    const void *dy, *x, *mean, *rstd, *weight;   /* weight may be NULL */
+    void *dx, *dweight, *dbias;                  /* dweight and dbias: both or neither, and only with weight */
+    /* Optional: each sample's dweight/dbias terms, float64, batch x 2 x channels (sum dy * xhat, then
+     * sum dy, per channel). Added sample after sample in float64 and rounded (via float32 for 32- and
+     * 16-bit params), the terms of all the batch ranges of a larger batch give its dweight/dbias bit
+     * for bit. */
+    double *terms;
+} cynorm_group_bwd_bufs;
+
 typedef struct {
     int abi_version;                                                  /* CYNORM_ABI_VERSION */
     int (*forward)(const cynorm_desc *d, const cynorm_fwd_bufs *b);   /* returns a cynorm_status */
@@ -100,6 +130,8 @@ typedef struct {
                                                                           (-1: x_dtype unknown) */
     int (*add_forward)(const cynorm_add_desc *d, const cynorm_add_fwd_bufs *b);     /* ABI 2 */
     int (*add_backward)(const cynorm_add_desc *d, const cynorm_add_bwd_bufs *b);   /* ABI 2 */
+    int (*group_forward)(const cynorm_group_desc *d, const cynorm_group_fwd_bufs *b);    /* ABI 3 */
+    int (*group_backward)(const cynorm_group_desc *d, const cynorm_group_bwd_bufs *b);   /* ABI 3 */
 } cynorm_api;
 
 #define CYNORM_CAPSULE "cynorm._core._C_API"
