@@ -234,3 +234,71 @@ def test_fused_bad_input():
         cnj.add_layer_norm(x, jnp.ones((4, 7), jnp.float32))
     with pytest.raises(TypeError, match="residual_dtype must be"):
         cnj.add_layer_norm(x, x, residual_dtype=np.float16)
+
+
+# ------------------------------------------------------------- GroupNorm --
+
+def _group_case(rng, pair, channel_axis, shape=(3, 16, 5, 6), G=4):
+    xd, pd = pair
+    if channel_axis == -1:
+        shape = (shape[0],) + shape[2:] + (shape[1],)
+    C = shape[channel_axis]
+    x = (rng.standard_normal(shape) * 2 + 1).astype(xd)
+    dy = rng.standard_normal(shape).astype(xd)
+    return x, dy, (1 + 0.5 * rng.standard_normal(C)).astype(pd), (0.5 * rng.standard_normal(C)).astype(pd), G
+
+
+@pytest.mark.parametrize("channel_axis", [-1, 1])
+@pytest.mark.parametrize("pair", PAIRS)
+def test_group_norm_jit_grad_match_the_numpy_api(pair, channel_axis, rng):
+    x, dy, w, b, G = _group_case(rng, pair, channel_axis)
+    y0, mean, rstd = cynorm.group_norm_forward(x, G, w, b, channel_axis=channel_axis)
+    want = cynorm.group_norm_backward(dy, x, mean, rstd, w, num_groups=G, channel_axis=channel_axis)
+    y = cnj.group_norm(x, G, w, b, channel_axis=channel_axis)
+    assert same_bits(y, y0)
+    loss = jax.jit(lambda x, w, b: jnp.sum((cnj.group_norm(x, G, w, b, channel_axis=channel_axis)
+                                            * dy).astype(jnp.float32 if x.dtype != np.float64 else x.dtype)))
+    _, vjp = jax.vjp(lambda x, w, b: cnj.group_norm(x, G, w, b, channel_axis=channel_axis), x, w, b)
+    got = vjp(jnp.asarray(dy))
+    for g, e, name in zip(got, want, ("dx", "dweight", "dbias")):
+        assert same_bits(g, e), name
+    assert np.isfinite(np.asarray(jax.grad(loss)(x, w, b), dtype=np.float64)).all()
+
+
+def test_group_norm_vmap_per_example_weights_and_gradients(rng):
+    """vmap over examples: a batched weight normalizes each with its own; the gradient of
+    an unbatched weight is per example, each the bits of a call on that example alone."""
+    pair = (np.dtype(np.float32),) * 2
+    xs, dys = zip(*[_group_case(rng, pair, -1)[:2] for _ in range(3)])
+    x, dy = np.stack(xs), np.stack(dys)
+    _, _, w, b, G = _group_case(rng, pair, -1)
+    ws = np.stack([w * (k + 1) for k in range(3)])
+    y = jax.vmap(lambda xi, wi: cnj.group_norm(xi, G, wi, b))(x, ws)
+    for k in range(3):
+        assert same_bits(y[k], cynorm.group_norm(x[k], G, ws[k], b, channel_axis=-1))
+    per = jax.vmap(lambda xi, dyi: jax.grad(lambda w: jnp.sum(cnj.group_norm(xi, G, w, b) * dyi))(w))(x, dy)
+    for k in range(3):
+        _, m, r = cynorm.group_norm_forward(x[k], G, w, b, channel_axis=-1)
+        assert same_bits(per[k], cynorm.group_norm_backward(dy[k], x[k], m, r, w, num_groups=G, channel_axis=-1)[1])
+
+
+def test_instance_norm_and_no_params(rng):
+    x, dy, w, b, _ = _group_case(rng, (np.dtype(np.float32),) * 2, -1)
+    assert same_bits(cnj.instance_norm(x, w, b), cynorm.instance_norm(x, w, b, channel_axis=-1))
+    assert same_bits(cnj.group_norm(x, 2), cynorm.group_norm(x, 2, channel_axis=-1))
+    gb = jax.grad(lambda b: jnp.sum(cnj.group_norm(x, 2, None, b) * dy))(b)   # bias without weight
+    _, m, r = cynorm.group_norm_forward(x, 2, None, b, channel_axis=-1)
+    assert same_bits(gb, cynorm.group_norm_backward(dy, x, m, r, np.ones_like(b), num_groups=2, channel_axis=-1)[2])
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda x, w: cnj.group_norm(x, 3, w), ValueError, "must divide the number of channels"),
+    (lambda x, w: cnj.group_norm(x, 2.0, w), TypeError, "num_groups must be an int"),
+    (lambda x, w: cnj.group_norm(x, 2, w, channel_axis=2), ValueError, "channel_axis must be 1"),
+    (lambda x, w: cnj.group_norm(x, 2, w[:3]), ValueError, "weight must have shape (C,)"),
+])
+def test_group_norm_bad_input(call, exc, match):
+    x = jnp.ones((2, 3, 4, 8), jnp.float32)
+    with pytest.raises(exc) as info:
+        call(x, jnp.ones(8, jnp.float32))
+    assert match in str(info.value)

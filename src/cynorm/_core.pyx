@@ -340,7 +340,9 @@ def xla_targets():
     return {"cynorm_forward": PyCapsule_New(cn_xla_handler_address(0), NULL, NULL),
             "cynorm_backward": PyCapsule_New(cn_xla_handler_address(1), NULL, NULL),
             "cynorm_add_forward": PyCapsule_New(cn_xla_handler_address(2), NULL, NULL),
-            "cynorm_add_backward": PyCapsule_New(cn_xla_handler_address(3), NULL, NULL)}
+            "cynorm_add_backward": PyCapsule_New(cn_xla_handler_address(3), NULL, NULL),
+            "cynorm_group_forward": PyCapsule_New(cn_xla_handler_address(4), NULL, NULL),
+            "cynorm_group_backward": PyCapsule_New(cn_xla_handler_address(5), NULL, NULL)}
 
 
 include "_introspect.pxi"

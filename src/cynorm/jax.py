@@ -9,6 +9,10 @@
 (``cynorm.add_layer_norm_forward``): they return ``(y, h)``, and their
 gradient with respect to x and residual is ``dx + dh``, added before rounding.
 
+``group_norm(x, num_groups, w, b)`` is GroupNorm, channels-last (NHWC) by
+default as Flax's GroupNorm is (``channel_axis=1`` for NCHW); ``instance_norm``
+is one channel per group.
+
 ``layer_norm`` and ``rms_norm`` are differentiable (``jax.custom_vjp``: the
 forward saves mean/rstd, the backward runs cynorm's backward) and run jitted.
 The kernels are XLA FFI custom calls (``jax.ffi.ffi_call``): XLA's buffers go
@@ -39,7 +43,7 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
 
 from . import _checks, _core, _dtypes
 
-__all__ = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"]
+__all__ = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "group_norm", "instance_norm"]
 
 for _name, _capsule in _core.xla_targets().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
@@ -230,3 +234,82 @@ def add_rms_norm(x, residual, weight=None, *, axis=-1, eps=1e-6, residual_dtype=
     hd = _stream(x, residual, residual_dtype)
     return _add_jitted(x, residual, _as_array(weight), None, axis=_static_axis(axis), eps=_checks.eps(eps), center=False,
                        h_dtype=hd.name, num_threads=_threads(num_threads))
+
+
+
+# ------------------------------------------------------------- GroupNorm --
+
+def _group_attrs(x, G, channel_axis, has_weight, has_bias, num_threads):
+    channels_last = _checks.group_layout(x.shape, G, channel_axis)[0]
+    return dict(num_groups=np.int32(G), channels_last=np.int32(channels_last), x_ndim=np.int32(x.ndim),
+                has_weight=np.int32(has_weight), has_bias=np.int32(has_bias), num_threads=np.int32(num_threads))
+
+
+def _group_forward(x, weight, bias, G, channel_axis, eps, num_threads):
+    _, N, C, _, _ = _checks.group_layout(x.shape, G, channel_axis)
+    pair = _checks.params(_checks.x_dtype(x.dtype), (C,), weight, bias, "(C,)")
+    results = [jax.ShapeDtypeStruct(x.shape, x.dtype)] + [jax.ShapeDtypeStruct((N, G), pair.stat)] * 2
+    args = [x] + [p for p in (weight, bias) if p is not None]
+    y, mean, rstd = jax.ffi.ffi_call("cynorm_group_forward", results, vmap_method="expand_dims")(
+        *args, eps=np.float64(eps), **_group_attrs(x, G, channel_axis, weight is not None, bias is not None,
+                                                   num_threads))
+    return y, mean, rstd
+
+
+def _group_backward(dy, x, mean, rstd, weight, G, channel_axis, num_threads):
+    results = _grad_results(x, x.dtype, weight, True)
+    args = [dy, x, mean, rstd] + ([weight] if weight is not None else [])
+    out = jax.ffi.ffi_call("cynorm_group_backward", results, vmap_method="expand_dims")(
+        *args, **_group_attrs(x, G, channel_axis, weight is not None, False, num_threads))
+    out = list(out) + [None] * (3 - len(out))
+    return out[0], out[1], out[2]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _group(x, weight, bias, G, channel_axis, eps, num_threads):
+    return _group_forward(x, weight, bias, G, channel_axis, eps, num_threads)[0]
+
+
+def _group_fwd(x, weight, bias, G, channel_axis, eps, num_threads):
+    y, mean, rstd = _group_forward(x, weight, bias, G, channel_axis, eps, num_threads)
+    return y, (x, weight, bias, mean, rstd)
+
+
+def _group_bwd(G, channel_axis, eps, num_threads, res, dy):
+    x, weight, bias, mean, rstd = res
+    w = weight
+    if w is None and bias is not None:   # dbias needs the weight path: a weight of ones changes no bit
+        w = jnp.ones_like(bias)
+    dx, dw, db = _group_backward(dy.astype(x.dtype), x, mean, rstd, w, G, channel_axis, num_threads)
+    return dx, (dw if weight is not None else None), (db if bias is not None else None)
+
+
+_group.defvjp(_group_fwd, _group_bwd)
+
+
+@functools.partial(jax.jit, static_argnames=("G", "channel_axis", "eps", "num_threads"))
+def _group_jitted(x, weight, bias, G, channel_axis, eps, num_threads):
+    return _group(x, weight, bias, G, channel_axis, eps, num_threads)
+
+
+def _static_int(v, name):
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"cynorm: {name} must be an int, got {type(v).__name__}")
+    return int(v)
+
+
+def group_norm(x, num_groups, weight=None, bias=None, *, channel_axis=-1, eps=1e-5, num_threads=None):
+    """GroupNorm as a differentiable JAX function (jit, grad, vmap): arguments as
+    ``cynorm.group_norm``, but channels-last by default (NHWC, as Flax's GroupNorm;
+    ``channel_axis=1`` for NCHW). Returns y with x's dtype."""
+    return _group_jitted(_as_array(x), _as_array(weight), _as_array(bias), G=_static_int(num_groups, "num_groups"),
+                         channel_axis=_static_int(channel_axis, "channel_axis"), eps=_checks.eps(eps),
+                         num_threads=_threads(num_threads))
+
+
+def instance_norm(x, weight=None, bias=None, *, channel_axis=-1, eps=1e-5, num_threads=None):
+    """InstanceNorm (one channel per group) as a differentiable JAX function."""
+    x = _as_array(x)
+    ca = _static_int(channel_axis, "channel_axis")
+    _checks.group_layout(x.shape, 1, ca)
+    return group_norm(x, x.shape[ca], weight, bias, channel_axis=ca, eps=eps, num_threads=num_threads)

@@ -20,6 +20,10 @@
  * has_dh (s32) in the backward; dtypes are the buffers':
  *   add forward:  x, residual [, weight] [, bias]        -> y, h [, mean], rstd
  *   add backward: dy, h [, mean], rstd [, weight] [, dh]  -> dsum [, dweight [, dbias]]
+ * GroupNorm (cynorm.h's group_forward/group_backward), with num_groups and
+ * channels_last (s32) and x_ndim, has_weight, has_bias, num_threads, eps:
+ *   group forward:  x [, weight] [, bias]             -> y, mean, rstd (mean, rstd: batch x groups)
+ *   group backward: dy, x, mean, rstd [, weight]      -> dx [, dweight, dbias]
  */
 #include <stdint.h>
 #include <string.h>
@@ -367,14 +371,136 @@ static cn_xla_error *cn_xla_add_backward(cn_xla_call_frame *f)
     return NULL;
 }
 
+/* GroupNorm's layout: the vmap levels and groups from the first result (y or
+ * dx, of x's rank plus the levels), the sample shape from its trailing dims. */
+typedef struct {
+    int levels;
+    int64_t dims[CN_MAX_LEVELS], vgroups, batch, channels, spatial;
+    int64_t groups, channels_last, x_ndim, has_weight, has_bias, num_threads;
+    double eps;
+} group_layout;
+
+static const char *read_group_layout(const cn_xla_call_frame *f, const cn_xla_buffer *first, group_layout *l)
+{
+    double d;
+    int64_t i;
+    if (!(attr(f, "num_groups", &l->groups, &d) && attr(f, "channels_last", &l->channels_last, &d) &&
+          attr(f, "x_ndim", &l->x_ndim, &d) && attr(f, "has_weight", &l->has_weight, &d) &&
+          attr(f, "has_bias", &l->has_bias, &d) && attr(f, "num_threads", &l->num_threads, &d)))
+        return "cynorm: an attribute is missing";
+    if (!attr(f, "eps", &i, &l->eps)) l->eps = 0.0;
+    l->levels = (int)(first->rank - l->x_ndim);
+    if (l->levels < 0 || l->levels > CN_MAX_LEVELS || l->x_ndim < 2)
+        return "cynorm: operand ranks do not match the attributes";
+    l->vgroups = 1;
+    for (int k = 0; k < l->levels; k++) { l->dims[k] = first->dims[k]; l->vgroups *= first->dims[k]; }
+    const int64_t *sample = first->dims + l->levels;
+    l->batch = sample[0];
+    l->channels = l->channels_last ? sample[l->x_ndim - 1] : sample[1];
+    l->spatial = 1;
+    for (int64_t k = 1; k < l->x_ndim; k++)
+        if (k != (l->channels_last ? l->x_ndim - 1 : 1)) l->spatial *= sample[k];
+    return NULL;
+}
+
+static void next_group_index(int64_t *index, const group_layout *l)
+{
+    for (int k = l->levels - 1; k >= 0; k--) {
+        if (++index[k] < l->dims[k]) return;
+        index[k] = 0;
+    }
+}
+
+/* x [, weight] [, bias] -> y, mean, rstd */
+static cn_xla_error *cn_xla_group_forward(cn_xla_call_frame *f)
+{
+    int done;
+    cn_xla_error *err = check_frame(f, &done);
+    if (err || done) return err;
+    group_layout l;
+    const char *why = f->rets.size == 3 ? read_group_layout(f, (const cn_xla_buffer *)f->rets.items[0], &l)
+                                        : "cynorm: results";
+    if (why) return fail(f, CN_XLA_ERROR_INVALID_ARGUMENT, why);
+    if (f->args.size != 1 + l.has_weight + l.has_bias)
+        return fail(f, CN_XLA_ERROR_INVALID_ARGUMENT, "cynorm: wrong number of operands");
+    operand x, w, b, y, mean, rstd;
+    const cn_xla_buffer *xb = (const cn_xla_buffer *)f->args.items[0];
+    const cn_xla_buffer *wb = l.has_weight ? (const cn_xla_buffer *)f->args.items[1] : NULL;
+    const cn_xla_buffer *bb = l.has_bias ? (const cn_xla_buffer *)f->args.items[1 + l.has_weight] : NULL;
+    const int ok = operand_of(xb, l.levels, l.dims, &x) && (!wb || operand_of(wb, l.levels, l.dims, &w)) &&
+                   (!bb || operand_of(bb, l.levels, l.dims, &b)) &&
+                   operand_of((const cn_xla_buffer *)f->rets.items[0], l.levels, l.dims, &y) &&
+                   operand_of((const cn_xla_buffer *)f->rets.items[1], l.levels, l.dims, &mean) &&
+                   operand_of((const cn_xla_buffer *)f->rets.items[2], l.levels, l.dims, &rstd);
+    if (!ok) return fail(f, CN_XLA_ERROR_INVALID_ARGUMENT, "cynorm: operand shapes do not broadcast over the vmap levels");
+    cynorm_group_desc d = {cynorm_dtype(xb->dtype), wb ? cynorm_dtype(wb->dtype) : bb ? cynorm_dtype(bb->dtype)
+                                                                                      : CYNORM_NO_PARAMS,
+                           l.batch, l.channels, l.spatial, l.groups, (int)l.channels_last, l.eps, (int)l.num_threads};
+    /* examples that follow each other in memory, with one weight and bias for all, are
+     * one call (more samples): a sample never depends on the call it is in */
+    int64_t calls = l.vgroups, index[CN_MAX_LEVELS] = {0};
+    int merge = 1;
+    for (int k = 0; k < l.levels; k++) merge &= x.step[k] != 0 && (!wb || w.step[k] == 0) && (!bb || b.step[k] == 0);
+    if (merge) { d.batch = l.batch * l.vgroups; calls = 1; }
+    for (int64_t g = 0; g < calls; g++, next_group_index(index, &l)) {
+        cynorm_group_fwd_bufs bufs = {at(&x, l.levels, index), wb ? at(&w, l.levels, index) : NULL,
+                                      bb ? at(&b, l.levels, index) : NULL, at(&y, l.levels, index),
+                                      at(&mean, l.levels, index), at(&rstd, l.levels, index)};
+        int rc = cn_xla_cynorm->group_forward(&d, &bufs);
+        if (rc != CYNORM_OK) return status(f, rc);
+    }
+    return NULL;
+}
+
+/* dy, x, mean, rstd [, weight] -> dx [, dweight, dbias] */
+static cn_xla_error *cn_xla_group_backward(cn_xla_call_frame *f)
+{
+    int done;
+    cn_xla_error *err = check_frame(f, &done);
+    if (err || done) return err;
+    group_layout l;
+    const char *why = f->rets.size >= 1 ? read_group_layout(f, (const cn_xla_buffer *)f->rets.items[0], &l)
+                                        : "cynorm: results";
+    if (why) return fail(f, CN_XLA_ERROR_INVALID_ARGUMENT, why);
+    if (f->args.size != 4 + l.has_weight || f->rets.size != 1 + 2 * l.has_weight)
+        return fail(f, CN_XLA_ERROR_INVALID_ARGUMENT, "cynorm: wrong number of operands or results");
+    operand dy, x, mean, rstd, w, dx, dw, db;
+    const cn_xla_buffer *xb = (const cn_xla_buffer *)f->args.items[1];
+    const cn_xla_buffer *wb = l.has_weight ? (const cn_xla_buffer *)f->args.items[4] : NULL;
+    const int ok = operand_of((const cn_xla_buffer *)f->args.items[0], l.levels, l.dims, &dy) &&
+                   operand_of(xb, l.levels, l.dims, &x) &&
+                   operand_of((const cn_xla_buffer *)f->args.items[2], l.levels, l.dims, &mean) &&
+                   operand_of((const cn_xla_buffer *)f->args.items[3], l.levels, l.dims, &rstd) &&
+                   (!wb || operand_of(wb, l.levels, l.dims, &w)) &&
+                   operand_of((const cn_xla_buffer *)f->rets.items[0], l.levels, l.dims, &dx) &&
+                   (!wb || (operand_of((const cn_xla_buffer *)f->rets.items[1], l.levels, l.dims, &dw) &&
+                            operand_of((const cn_xla_buffer *)f->rets.items[2], l.levels, l.dims, &db)));
+    if (!ok) return fail(f, CN_XLA_ERROR_INVALID_ARGUMENT, "cynorm: operand shapes do not broadcast over the vmap levels");
+    cynorm_group_desc d = {cynorm_dtype(xb->dtype), wb ? cynorm_dtype(wb->dtype) : CYNORM_NO_PARAMS, l.batch,
+                           l.channels, l.spatial, l.groups, (int)l.channels_last, 0.0, (int)l.num_threads};
+    int64_t index[CN_MAX_LEVELS] = {0};
+    /* one call per example: each example's dweight/dbias are its own */
+    for (int64_t g = 0; g < l.vgroups; g++, next_group_index(index, &l)) {
+        cynorm_group_bwd_bufs bufs = {at(&dy, l.levels, index), at(&x, l.levels, index), at(&mean, l.levels, index),
+                                      at(&rstd, l.levels, index), wb ? at(&w, l.levels, index) : NULL,
+                                      at(&dx, l.levels, index), wb ? at(&dw, l.levels, index) : NULL,
+                                      wb ? at(&db, l.levels, index) : NULL, NULL};
+        int rc = cn_xla_cynorm->group_backward(&d, &bufs);
+        if (rc != CYNORM_OK) return status(f, rc);
+    }
+    return NULL;
+}
+
 /* The handlers' addresses, for PyCapsules (jax.ffi.register_ffi_target):
- * 0 forward, 1 backward, 2 add forward, 3 add backward. */
+ * 0 forward, 1 backward, 2 add forward, 3 add backward, 4 group forward, 5 group backward. */
 void *cn_xla_handler_address(int which)
 {
     switch (which) {
     case 1: return (void *)cn_xla_backward;
     case 2: return (void *)cn_xla_add_forward;
     case 3: return (void *)cn_xla_add_backward;
+    case 4: return (void *)cn_xla_group_forward;
+    case 5: return (void *)cn_xla_group_backward;
     default: return (void *)cn_xla_forward;
     }
 }
