@@ -7,7 +7,7 @@
     python benchmarks/bench.py jax | dask       (cynorm from JAX and Dask: benchmarks/frameworks.py)
     python benchmarks/bench.py fused [--threads N]  (fused residual add + LayerNorm: benchmarks/fused.py)
     python benchmarks/bench.py onednn [--threads N] [--onednn LIB[,LIB2]]  (against oneDNN: benchmarks/onednn.py)
-    python benchmarks/bench.py groupnorm [--threads N] [--layouts nchw,nhwc]  (GroupNorm: benchmarks/groupnorm.py)
+    python benchmarks/bench.py groupnorm [--threads N] [--layouts nchw,nhwc] [--onednn LIB]  (benchmarks/groupnorm.py)
 
 seed and roofline take --baseline-python PY: a second cynorm worker runs under
 that interpreter (another build, e.g. the commit before a change; or, with
@@ -389,6 +389,7 @@ def main(argv=None):
         gp.add_argument("--modes", type=lambda s: s.split(","), default=["fp32", "bf16", "mixed"])
         gp.add_argument("--layouts", type=lambda s: s.split(","), default=["nchw", "nhwc"])
         gp.add_argument("--quick", action="store_true", help="shorter timing budgets")
+        gp.add_argument("--onednn", help="a libdnnl.so (3.3 or later: group normalization) for the oneDNN column")
         gp.add_argument("--json", help="also write the results here")
         return groupnorm.cmd_groupnorm(gp.parse_args(argv[1:]))
     if argv and argv[0] == "onednn":

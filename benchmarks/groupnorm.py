@@ -8,6 +8,10 @@ Columns (each library in its own worker process, the rounds taking them in turn;
 - cynorm: group_norm_forward / group_norm_backward (fresh outputs, as every column);
 - torch: torch 2.13's F.group_norm (no_grad), NCHW or channels_last memory format;
   the backward by autograd (x, weight, bias);
+- cynorm out=: the same with every output preallocated (as oneDNN's column);
+- oneDNN (--onednn LIB): its group normalization primitive through the C API
+  (benchmarks/onednn.py), every output preallocated, fp32 scale and shift (so
+  its bf16 is cynorm's mixed); vs oneDNN = oneDNN / cynorm out=;
 - ORT: ONNX Runtime's GroupNormalization (opset 21: per-channel scale and bias),
   forward, NCHW (the op's layout) float32 only where it runs;
 - floor: NumPy moving the same bytes into a fresh array -- forward a copy of x,
@@ -43,6 +47,7 @@ def _data(shape, layout, mode):
 
 
 _DATA = {}
+_ENGINES = {}
 
 
 def run_request(lib, req):
@@ -70,11 +75,28 @@ def run_request(lib, req):
     elif lib == "cynorm":
         import cynorm
         y, mean, rstd = cynorm.group_norm_forward(x, G, w, b, channel_axis=ca, num_threads=threads)
+        dx, dw, db = cynorm.group_norm_backward(dy, x, mean, rstd, w, num_groups=G, channel_axis=ca,
+                                                num_threads=threads)
         if d == "fwd":
             out[d] = t(lambda: cynorm.group_norm_forward(x, G, w, b, channel_axis=ca, num_threads=threads), budget)
+            fo = tuple(np.empty_like(a) for a in (y, mean, rstd))
+            out[d + "_out"] = t(lambda: cynorm.group_norm_forward(x, G, w, b, channel_axis=ca, num_threads=threads,
+                                                                  out=fo), budget)
         else:
             out[d] = t(lambda: cynorm.group_norm_backward(dy, x, mean, rstd, w, num_groups=G, channel_axis=ca,
                                                           num_threads=threads), budget)
+            bo = tuple(np.empty_like(a) for a in (dx, dw, db))
+            out[d + "_out"] = t(lambda: cynorm.group_norm_backward(dy, x, mean, rstd, w, num_groups=G, channel_axis=ca,
+                                                                   num_threads=threads, out=bo), budget)
+    elif lib.startswith("onednn:"):
+        import onednn
+        path = lib.split(":", 1)[1]
+        if path not in _ENGINES:
+            _ENGINES[path] = onednn.OneDNN(path)
+        fwd, bwd, _ = _ENGINES[path].group_norm(x, dy, w.astype(np.float32), b.astype(np.float32), G,
+                                                layout == "nhwc", 1e-5, threads)
+        fwd()   # (the backward reads the forward's mean and variance)
+        out[d] = t(fwd if d == "fwd" else bwd, budget)
     elif lib == "torch":
         import torch
         torch.set_num_threads(threads)
@@ -126,8 +148,11 @@ def _ort_session(ort, G, shape, threads):
 
 
 def cmd_groupnorm(args):
+    import os
+
     import bench
-    workers = {lib: bench.Worker(lib) for lib in LIBS}
+    onednn_libs = [f"onednn:{os.path.abspath(p)}" for p in args.onednn.split(",")] if args.onednn else []
+    workers = {lib: bench.Worker(lib) for lib in LIBS + onednn_libs}
     for lib, w in workers.items():
         if not w.available:
             bench._progress(f"{lib} not available ({w.info.get('unavailable')}): its columns left empty")
@@ -150,6 +175,11 @@ def cmd_groupnorm(args):
                 cy = vals["cynorm"]
                 for lib, v in vals.items():
                     row[f"{d}_{lib}_ms"] = v * 1e3 if v else None
+                cy_out = res.get("cynorm", {}).get(d + "_out")
+                one = res.get(onednn_libs[0], {}).get(d) if onednn_libs else None
+                row[f"{d}_cynorm_out_ms"] = cy_out * 1e3 if cy_out else None
+                row[f"{d}_onednn_ms"] = one * 1e3 if one else None
+                row[f"{d}_vs_onednn"] = one / cy_out if one and cy_out else None
                 row[f"{d}_floor_eff"] = vals["numpy"] / cy if cy and vals["numpy"] else None
                 row[f"{d}_vs_torch"] = vals["torch"] / cy if cy and vals["torch"] else None
                 row[f"{d}_vs_ort"] = vals["ort"] / cy if cy and vals["ort"] else None
@@ -158,7 +188,7 @@ def cmd_groupnorm(args):
         for w in workers.values():
             w.close()
     meta = {"command": "groupnorm", "threads": args.threads, "machine": bench._machine(),
-            "versions": {lib: w.info.get("version") for lib, w in workers.items()},
+            "versions": {lib.split(":")[0]: w.info.get("version") for lib, w in workers.items()},
             "isa": workers["cynorm"].info.get("config", {}).get("isa")}
     _print(rows, meta)
     if args.json:
@@ -176,21 +206,27 @@ def _print(rows, meta):
     from bench import _fmt
     v = meta["versions"]
     print(f"\n### GroupNorm -- cynorm {v.get('cynorm')} ({meta['isa']}), torch {v.get('torch')}, onnxruntime "
-          f"{v.get('ort')}, {meta['threads']} thread(s), {meta['machine']['cpu_model']}\n")
-    print("Times in ms (median), fresh outputs. eff = floor / cynorm; vs X = X's time / cynorm's.\n")
+          f"{v.get('ort')}, oneDNN {v.get('onednn')}, {meta['threads']} thread(s), {meta['machine']['cpu_model']}\n")
+    print("Times in ms (median). cynorm, torch, ORT, floor: fresh outputs; cynorm out=, oneDNN: preallocated. "
+          "eff = floor / cynorm; vs torch, vs ORT = their time / cynorm's; vs oneDNN = oneDNN / cynorm out=.\n")
     for d, title in (("fwd", "forward"), ("bwd", "backward")):
         print(f"{title}:\n")
-        print("| shape | G | layout | mode | cynorm | torch | ORT | floor | floor eff | vs torch | vs ORT |")
-        print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        print("| shape | G | layout | mode | cynorm | torch | ORT | floor | cynorm out= | oneDNN | floor eff "
+              "| vs torch | vs ORT | vs oneDNN |")
+        print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
-            cells = [r[f"{d}_cynorm_ms"], r[f"{d}_torch_ms"], r[f"{d}_ort_ms"], r[f"{d}_numpy_ms"]]
-            ratios = [r[f"{d}_floor_eff"], r[f"{d}_vs_torch"], r[f"{d}_vs_ort"]]
+            cells = [r[f"{d}_cynorm_ms"], r[f"{d}_torch_ms"], r[f"{d}_ort_ms"], r[f"{d}_numpy_ms"],
+                     r[f"{d}_cynorm_out_ms"], r[f"{d}_onednn_ms"]]
+            ratios = [r[f"{d}_floor_eff"], r[f"{d}_vs_torch"], r[f"{d}_vs_ort"], r[f"{d}_vs_onednn"]]
             print(f"| {tuple(r['shape'])} | {r['groups']} | {r['layout']} | {r['mode']} | "
                   + " | ".join(_fmt(c) for c in cells) + " | " + " | ".join(_fmt(c, 2) for c in ratios) + " |")
         print()
     for d in ("fwd", "bwd"):
         for layout in sorted({r["layout"] for r in rows}):
             sel = [r for r in rows if r["layout"] == layout]
+            vo = [r[f"{d}_vs_onednn"] for r in sel if r[f"{d}_vs_onednn"]]
+            if vo:
+                print(f"{d} {layout}: vs oneDNN lowest {min(vo):.2f}, geometric mean {_geomean(vo):.2f}")
             vt = [r[f"{d}_vs_torch"] for r in sel if r[f"{d}_vs_torch"]]
             big = [r[f"{d}_vs_torch"] for r in sel if r[f"{d}_vs_torch"] and r["elements"] >= LARGE]
             eff = [r[f"{d}_floor_eff"] for r in sel if r[f"{d}_floor_eff"] and r["elements"] >= LARGE]

@@ -1,4 +1,5 @@
-"""oneDNN's layer normalization through its C API (ctypes), for `bench.py onednn`.
+"""oneDNN's layer and group normalization through its C API (ctypes), for `bench.py onednn`
+and `bench.py groupnorm --onednn`.
 
 The library is found in this order:
   - the path given to bench.py (--onednn LIB[,LIB2]; one worker per library);
@@ -117,6 +118,57 @@ class OneDNN:
             lib.dnnl_stream_wait(stream)
         run.keep = keep
         return run
+
+    def _md_strided(self, dims, strides, dtype):
+        md = ctypes.c_void_p()
+        self._ok(self.lib.dnnl_memory_desc_create_with_strides(
+            ctypes.byref(md), len(dims), (ctypes.c_int64 * 12)(*dims), dtype, (ctypes.c_int64 * 12)(*strides)), "md")
+        return md
+
+    def group_norm(self, x, dy, w, b, groups, channels_last, eps, threads):
+        """(forward, backward, outputs) as layer_norm, for oneDNN's group normalization of
+        x, dy in NCHW-like (or channels_last: N, spatial..., C) memory; fp32 w, b (C,)."""
+        import numpy as np
+        self._gomp.omp_set_num_threads(threads)
+        lib = self.lib
+        shape = x.shape if not channels_last else (x.shape[0], x.shape[-1]) + x.shape[1:-1]
+        N, C = shape[:2]
+        dtype = {"float32": _F32, "bfloat16": _BF16, "float16": _F16}[x.dtype.name]
+        key = ("group", shape, channels_last, dtype, groups, eps)
+        if key not in self._cache:
+            if channels_last:   # strides of (N, C, spatial...) over NHWC memory
+                sp = shape[2:]
+                strides = [C * math.prod(sp), 1] + [C * math.prod(sp[k + 1:]) for k in range(len(sp))]
+            else:
+                strides = [math.prod(shape[k + 1:]) for k in range(len(shape))]
+            data = self._md_strided(shape, strides, dtype)
+            stat, par = self._md((N, groups), _F32), self._md((C,), _F32)
+            flags = ctypes.c_uint(_USE_SCALE | _USE_SHIFT)
+            fpd, bpd = ctypes.c_void_p(), ctypes.c_void_p()
+            self._ok(lib.dnnl_group_normalization_forward_primitive_desc_create(
+                ctypes.byref(fpd), self.engine, _FWD_TRAINING, data, data, ctypes.c_int64(groups), ctypes.c_float(eps),
+                flags, None), "group forward primitive_desc")
+            self._ok(lib.dnnl_group_normalization_backward_primitive_desc_create(
+                ctypes.byref(bpd), self.engine, _BACKWARD, data, data, data, ctypes.c_int64(groups),
+                ctypes.c_float(eps), flags, fpd, None), "group backward primitive_desc")
+            fwd, bwd = ctypes.c_void_p(), ctypes.c_void_p()
+            self._ok(lib.dnnl_primitive_create(ctypes.byref(fwd), fpd), "group forward primitive")
+            self._ok(lib.dnnl_primitive_create(ctypes.byref(bwd), bpd), "group backward primitive")
+            self._cache[key] = (fwd, bwd, data, stat, par)
+        fwd, bwd, data, stat, par = self._cache[key]
+        y, dx = np.empty_like(x), np.empty_like(x)
+        mean, var = np.empty((N, groups), np.float32), np.empty((N, groups), np.float32)
+        dw, db = np.empty(C, np.float32), np.empty(C, np.float32)
+        mem = self._mem
+        mx, mdy, my, mdx = mem(data, x), mem(data, dy), mem(data, y), mem(data, dx)
+        mm, mv = mem(stat, mean), mem(stat, var)
+        mw, mb, mdw, mdb = mem(par, w), mem(par, b), mem(par, dw), mem(par, db)
+        run_fwd = self._runner(fwd, [(_ARG_SRC, mx), (_ARG_DST, my), (_ARG_MEAN, mm), (_ARG_VARIANCE, mv),
+                                     (_ARG_SCALE, mw), (_ARG_SHIFT, mb)])
+        run_bwd = self._runner(bwd, [(_ARG_SRC, mx), (_ARG_DIFF_DST, mdy), (_ARG_MEAN, mm), (_ARG_VARIANCE, mv),
+                                     (_ARG_SCALE, mw), (_ARG_SHIFT, mb), (_ARG_DIFF_SRC, mdx),
+                                     (_ARG_DIFF_SCALE, mdw), (_ARG_DIFF_SHIFT, mdb)])
+        return run_fwd, run_bwd, {"y": y, "mean": mean, "var": var, "dx": dx, "dw": dw, "db": db}
 
     def layer_norm(self, x, dy, w, b, eps, threads):
         """(forward, backward) callables for x, dy of shape (M, N), 16- or 32-bit, and
