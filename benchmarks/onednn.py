@@ -128,7 +128,6 @@ class OneDNN:
     def group_norm(self, x, dy, w, b, groups, channels_last, eps, threads):
         """(forward, backward, outputs) as layer_norm, for oneDNN's group normalization of
         x, dy in NCHW-like (or channels_last: N, spatial..., C) memory; fp32 w, b (C,)."""
-        import numpy as np
         self._gomp.omp_set_num_threads(threads)
         lib = self.lib
         shape = x.shape if not channels_last else (x.shape[0], x.shape[-1]) + x.shape[1:-1]
@@ -156,9 +155,23 @@ class OneDNN:
             self._ok(lib.dnnl_primitive_create(ctypes.byref(bwd), bpd), "group backward primitive")
             self._cache[key] = (fwd, bwd, data, stat, par)
         fwd, bwd, data, stat, par = self._cache[key]
+        return self._bind(fwd, bwd, data, stat, par, x, dy, w, b, (N, groups), C)
+
+    def layer_norm(self, x, dy, w, b, eps, threads):
+        """(forward, backward) callables for x, dy of shape (M, N), 16- or 32-bit, and
+        fp32 w, b of shape (N,), each writing into buffers made here (returned too)."""
+        self._gomp.omp_set_num_threads(threads)
+        M, N = x.shape
+        dtype = {"float32": _F32, "bfloat16": _BF16, "float16": _F16}[x.dtype.name]
+        fwd, bwd, data, stat, par = self._primitives(M, N, dtype, eps)
+        return self._bind(fwd, bwd, data, stat, par, x, dy, w, b, (M,), N)
+
+    def _bind(self, fwd, bwd, data, stat, par, x, dy, w, b, stat_shape, n_params):
+        """The primitives bound to x, dy, w, b and outputs made here: (forward, backward, outputs)."""
+        import numpy as np
         y, dx = np.empty_like(x), np.empty_like(x)
-        mean, var = np.empty((N, groups), np.float32), np.empty((N, groups), np.float32)
-        dw, db = np.empty(C, np.float32), np.empty(C, np.float32)
+        mean, var = np.empty(stat_shape, np.float32), np.empty(stat_shape, np.float32)
+        dw, db = np.empty(n_params, np.float32), np.empty(n_params, np.float32)
         mem = self._mem
         mx, mdy, my, mdx = mem(data, x), mem(data, dy), mem(data, y), mem(data, dx)
         mm, mv = mem(stat, mean), mem(stat, var)
@@ -169,29 +182,6 @@ class OneDNN:
                                      (_ARG_SCALE, mw), (_ARG_SHIFT, mb), (_ARG_DIFF_SRC, mdx),
                                      (_ARG_DIFF_SCALE, mdw), (_ARG_DIFF_SHIFT, mdb)])
         return run_fwd, run_bwd, {"y": y, "mean": mean, "var": var, "dx": dx, "dw": dw, "db": db}
-
-    def layer_norm(self, x, dy, w, b, eps, threads):
-        """(forward, backward) callables for x, dy of shape (M, N), 16- or 32-bit, and
-        fp32 w, b of shape (N,), each writing into buffers made here (returned too)."""
-        import numpy as np
-        self._gomp.omp_set_num_threads(threads)
-        M, N = x.shape
-        dtype = {"float32": _F32, "bfloat16": _BF16, "float16": _F16}[x.dtype.name]
-        fwd, bwd, data, stat, par = self._primitives(M, N, dtype, eps)
-        y, dx = np.empty_like(x), np.empty_like(x)
-        mean, var = np.empty(M, np.float32), np.empty(M, np.float32)
-        dw, db = np.empty(N, np.float32), np.empty(N, np.float32)
-        mem = lambda md, a: self._mem(md, a)
-        mx, mdy, my, mdx = mem(data, x), mem(data, dy), mem(data, y), mem(data, dx)
-        mm, mv = mem(stat, mean), mem(stat, var)
-        mw, mb, mdw, mdb = mem(par, w), mem(par, b), mem(par, dw), mem(par, db)
-        run_fwd = self._runner(fwd, [(_ARG_SRC, mx), (_ARG_DST, my), (_ARG_MEAN, mm), (_ARG_VARIANCE, mv),
-                                     (_ARG_SCALE, mw), (_ARG_SHIFT, mb)])
-        run_bwd = self._runner(bwd, [(_ARG_SRC, mx), (_ARG_DIFF_DST, mdy), (_ARG_MEAN, mm), (_ARG_VARIANCE, mv),
-                                     (_ARG_SCALE, mw), (_ARG_SHIFT, mb), (_ARG_DIFF_SRC, mdx),
-                                     (_ARG_DIFF_SCALE, mdw), (_ARG_DIFF_SHIFT, mdb)])
-        outs = {"y": y, "mean": mean, "var": var, "dx": dx, "dw": dw, "db": db}
-        return run_fwd, run_bwd, outs
 
 
 # ------------------------------------------------------------- bench.py onednn --

@@ -3,7 +3,7 @@
 # and an aarch64 Python (setup.sh), cross-build this tree, then run under
 # qemu-aarch64 with a real aarch64 Python:
 #   1. the golden hashes at every level built for aarch64 (baseline, neon), and
-#      the core contract tests (levels, special values, short rows, fused);
+#      the core contract tests (levels, special values, short rows, tables, GroupNorm);
 #   2. the output-memory tests on a 64 KiB-page kernel (qemu -p 65536).
 # The whole suite passes there too (tools/aarch64/README.md says how to run it;
 # about 15 minutes under qemu on 2 cores).
@@ -24,7 +24,7 @@ cd "$SRC"
 assert cfg['isa'] == 'neon', 'the neon level is not built or not available'"
 t1=$SECONDS
 "$AARCH64_DIR/py" -m pytest -p no:cacheprovider -q tests/test_golden.py tests/test_isa.py tests/test_special.py \
-  tests/test_short_rows.py tests/test_tables.py
+  tests/test_short_rows.py tests/test_tables.py tests/test_group_norm.py
 echo "[aarch64] golden and core tests in $((SECONDS - t1)) s"
 t2=$SECONDS
 QEMU_EXTRA_ARGS="-p 65536" "$AARCH64_DIR/py" -c "import os; assert os.sysconf('SC_PAGE_SIZE') == 65536"

@@ -17,6 +17,7 @@
 #include "cn_pair.h"
 #include "cn_rowmath.h"
 #include "cn_bwd.h"
+#include "cn_group.h"
 #include "cn_gbwd.h"
 
 #define CN_EXPORT_OP(S, K, name, params, args) void CN_UNIT_FN(CN_LEVEL, CN_KERNEL, name) params { name args; }

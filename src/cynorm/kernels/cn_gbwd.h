@@ -108,7 +108,6 @@ CN_INLINE void gn_tile_grads(const cn_gn_bwd_args *a, int64_t n, int64_t s0, int
                              int64_t tail, const int tail_full, const at *mv, const at *rv, double *A, double *B)
 {
     vec M[CN_GN_TILE], R[CN_GN_TILE], aa[CN_GN_TILE], ba[CN_GN_TILE];
-    at lanes[VL];
     int k;
 #define FULL(k) ((k) < NV - 1 || tail_full)
 #define LANES(k) (FULL(k) ? VL : tail)
@@ -130,11 +129,8 @@ CN_INLINE void gn_tile_grads(const cn_gn_bwd_args *a, int64_t n, int64_t s0, int
         }
     }
     CN_UNROLL for (k = 0; k < NV; k++) {
-        const int64_t t = LANES(k), c = c0 + k * VL;
-        store_a_t(lanes, aa[k], t, FULL(k));
-        for (int64_t i = 0; i < t; i++) A[c + i] += (double)lanes[i];
-        store_a_t(lanes, ba[k], t, FULL(k));
-        for (int64_t i = 0; i < t; i++) B[c + i] += (double)lanes[i];
+        gn_add_lanes(A + c0 + k * VL, aa[k], LANES(k), FULL(k));
+        gn_add_lanes(B + c0 + k * VL, ba[k], LANES(k), FULL(k));
     }
 #undef FULL
 #undef LANES
@@ -143,20 +139,9 @@ CN_INLINE void gn_tile_grads(const cn_gn_bwd_args *a, int64_t n, int64_t s0, int
 static void gn_grads(const cn_gn_bwd_args *a, int64_t n, int64_t s0, int64_t s1, const at *mv, const at *rv,
                      double *A, double *B)
 {
-    const int64_t C = a->C;
-    for (int64_t c0 = 0; c0 < C; c0 += CN_GN_TILE * VL) {
-        const int64_t left = C - c0, nv = left >= CN_GN_TILE * VL ? CN_GN_TILE : (left + VL - 1) / VL;
-        const int64_t tail = left - (nv - 1) * VL < VL ? left - (nv - 1) * VL : VL;
-#define T_(NV) (tail == VL ? gn_tile_grads(a, n, s0, s1, c0, NV, VL, 1, mv, rv, A, B) \
-                           : gn_tile_grads(a, n, s0, s1, c0, NV, tail, 0, mv, rv, A, B))
-        switch (nv) {
-        case 1: T_(1); break;
-        case 2: T_(2); break;
-        case 3: T_(3); break;
-        default: T_(CN_GN_TILE); break;
-        }
-#undef T_
-    }
+#define TILE(c0, NV, tail, tail_full) gn_tile_grads(a, n, s0, s1, c0, NV, tail, tail_full, mv, rv, A, B)
+    CN_GN_FOR_TILES(a->C, TILE)
+#undef TILE
 }
 
 /* Channels-last sample n: its part (2*C doubles) and dx. scratch: CN_GN_SCRATCH(C) doubles. */

@@ -192,7 +192,6 @@ CN_INLINE void gn_tile_sums(const cn_gn_fwd_args *a, int64_t n, int64_t s0, int6
                             int64_t tail, const int tail_full, const at *piv, double *ssum, double *qsum)
 {
     vec P[CN_GN_TILE], sa[CN_GN_TILE], qa[CN_GN_TILE];
-    at lanes[VL];
     int k;
 #define FULL(k) ((k) < NV - 1 || tail_full)
 #define LANES(k) (FULL(k) ? VL : tail)
@@ -210,11 +209,8 @@ CN_INLINE void gn_tile_sums(const cn_gn_fwd_args *a, int64_t n, int64_t s0, int6
         }
     }
     CN_UNROLL for (k = 0; k < NV; k++) {
-        const int64_t t = LANES(k), c = c0 + k * VL;
-        store_a_t(lanes, sa[k], t, FULL(k));
-        for (int64_t i = 0; i < t; i++) ssum[c + i] += (double)lanes[i];
-        store_a_t(lanes, qa[k], t, FULL(k));
-        for (int64_t i = 0; i < t; i++) qsum[c + i] += (double)lanes[i];
+        gn_add_lanes(ssum + c0 + k * VL, sa[k], LANES(k), FULL(k));
+        gn_add_lanes(qsum + c0 + k * VL, qa[k], LANES(k), FULL(k));
     }
 #undef FULL
 #undef LANES
@@ -224,20 +220,9 @@ CN_INLINE void gn_tile_sums(const cn_gn_fwd_args *a, int64_t n, int64_t s0, int6
 static void gn_sums(const cn_gn_fwd_args *a, int64_t n, int64_t s0, int64_t s1, const at *piv, double *ssum,
                     double *qsum)
 {
-    const int64_t C = a->C;
-    for (int64_t c0 = 0; c0 < C; c0 += CN_GN_TILE * VL) {
-        const int64_t left = C - c0, nv = left >= CN_GN_TILE * VL ? CN_GN_TILE : (left + VL - 1) / VL;
-        const int64_t tail = left - (nv - 1) * VL < VL ? left - (nv - 1) * VL : VL;
-#define T_(NV) (tail == VL ? gn_tile_sums(a, n, s0, s1, c0, NV, VL, 1, piv, ssum, qsum) \
-                           : gn_tile_sums(a, n, s0, s1, c0, NV, tail, 0, piv, ssum, qsum))
-        switch (nv) {
-        case 1: T_(1); break;
-        case 2: T_(2); break;
-        case 3: T_(3); break;
-        default: T_(CN_GN_TILE); break;
-        }
-#undef T_
-    }
+#define TILE(c0, NV, tail, tail_full) gn_tile_sums(a, n, s0, s1, c0, NV, tail, tail_full, piv, ssum, qsum)
+    CN_GN_FOR_TILES(a->C, TILE)
+#undef TILE
 }
 
 /* Moments of channel c of sample n about its pivot pc, in double: the

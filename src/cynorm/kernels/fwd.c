@@ -21,6 +21,7 @@
 #include "cn_rowmath.h"
 #include "cn_fwd.h"
 #include "cn_residual.h"
+#include "cn_group.h"
 #include "cn_gfwd.h"
 
 #define CN_EXPORT_OP(S, K, name, params, args) void CN_UNIT_FN(CN_LEVEL, CN_KERNEL, name) params { name args; }
