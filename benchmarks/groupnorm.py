@@ -31,6 +31,7 @@ LARGE = 100_000
 
 
 def _data(shape, layout, mode):
+    import ml_dtypes  # noqa: F401  (registers bfloat16 in workers that do not import cynorm)
     import numpy as np
 
     import worker

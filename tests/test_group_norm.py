@@ -259,3 +259,19 @@ def test_empty_batch():
     assert y.shape == (0, 4, 3) and mean.shape == (0, 2)
     dx, dw, db = cynorm.group_norm_backward(y, y, mean, rstd, np.ones(4, np.float32), num_groups=2)
     assert dx.shape == (0, 4, 3) and np.array_equal(dw, np.zeros(4, np.float32)) and np.array_equal(db, dw)
+
+
+def test_out_overlaps_are_refused_or_copied(rng):
+    """The out= fast path takes only disjoint outputs: the same array twice is refused, and
+    a y that overlaps x without being x has x copied first (the result is x's, unchanged)."""
+    x, dy, w, b = _inputs(rng, (2, 6, 4, 5), 1, (np.dtype(np.float32),) * 2)
+    y0, mean, rstd = cynorm.group_norm_forward(x, 3, w, b)
+    m = np.empty((2, 3), np.float32)
+    with pytest.raises(ValueError, match="share memory"):
+        cynorm.group_norm_forward(x, 3, w, b, out=(None, m, m))
+    buf = np.zeros(2 * x.size, np.float32)
+    buf[5:5 + x.size] = x.ravel()
+    xs, ys = buf[5:5 + x.size].reshape(x.shape), buf[:x.size].reshape(x.shape)
+    got = cynorm.group_norm_forward(xs, 3, w, b, out=(ys, None, None))[0]
+    assert got is ys
+    assert_same_bits(ys, y0)

@@ -240,3 +240,32 @@ def backward_small(object dy, object x, object mean, object rstd, object weight,
     _run_backward(code, center, dy, xa, mean, rstd, weight, dx, dweight, dbias, M, N,
                   0 if num_threads is None else <int>num_threads, fresh, 0, None, None)
     return dx, dweight, dbias
+
+
+def given_outputs(object out, tuple shapes, tuple dtypes, tuple ins, tuple in_place):
+    """The out= tuple's arrays (or None) when every given one is plain, writeable, of its
+    dtype (dtypes[k]) and shape (shapes[k], a tuple), and they are apart as _apart says;
+    None otherwise (the caller then checks it the general way, with its messages)."""
+    if type(out) is not tuple or len(<tuple>out) != len(shapes):
+        return None
+    cdef Py_ssize_t k, j
+    cdef cnp.ndarray a
+    for k in range(len(shapes)):
+        o = (<tuple>out)[k]
+        if o is None:
+            continue
+        if not _out_ok(o, (<cnp.dtype>dtypes[k]).type_num):
+            return None
+        a = <cnp.ndarray>o
+        shape = <tuple>shapes[k]
+        if cnp.PyArray_NDIM(a) != len(shape):
+            return None
+        for j in range(len(shape)):
+            if cnp.PyArray_DIMS(a)[j] != <cnp.npy_intp>shape[j]:
+                return None
+    for a_in in ins:
+        if a_in is not None and type(a_in) is not cnp.ndarray:
+            return None
+    if not _apart(<tuple>out, ins, in_place):
+        return None
+    return out

@@ -27,6 +27,24 @@ _Y_MEAN_RSTD = ("y", "mean", "rstd")
 _DX_DW_DB = ("dx", "dweight", "dbias")
 
 
+#: (shape, num_groups, channel_axis) -> _checks.group_layout's result (bounded): most
+#: callers repeat a few shapes, and the checks cost a tiny call's time again
+_LAYOUT_CACHE = {}
+
+
+def _layout(shape, num_groups, channel_axis):
+    if type(num_groups) is int and type(channel_axis) is int:
+        key = (shape, num_groups, channel_axis)
+        hit = _LAYOUT_CACHE.get(key)
+        if hit is None:
+            hit = _checks.group_layout(shape, num_groups, channel_axis)
+            if len(_LAYOUT_CACHE) >= 512:
+                _LAYOUT_CACHE.clear()
+            _LAYOUT_CACHE[key] = hit
+        return hit
+    return _checks.group_layout(shape, num_groups, channel_axis)
+
+
 def _contiguous(a):
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
@@ -48,12 +66,16 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, *, channel_axis=1,
     be None) writes into given arrays; ``out`` may also be y alone, and y may be x.
     """
     x = _api._input(x, "x")
-    channels_last, N, C, S, G = _checks.group_layout(x.shape, num_groups, channel_axis)
+    channels_last, N, C, S, G = _layout(x.shape, num_groups, channel_axis)
     pair, weight, bias = _api._params(x.dtype, (C,), weight, bias, "(C,)")
     eps = _checks.eps(eps)
     T = resolve_num_threads(num_threads)
     y = mean = rstd = None
-    if out is not None:
+    fast = out is not None and x.flags.c_contiguous and _isa.kernels.given_outputs(
+        out, (x.shape, (N, G), (N, G)), (pair.x, pair.stat, pair.stat), (x, weight, bias), (x,))
+    if fast:   # plain, right, apart from the inputs (y may be x): nothing to check or copy
+        y, mean, rstd = fast
+    elif out is not None:
         if type(out) is np.ndarray:
             y = _outputs.check(out, "out", x.shape, pair.x)
         else:
@@ -88,7 +110,7 @@ def group_norm_backward(dy, x, mean, rstd, weight=None, *, num_groups, channel_a
     x = _api._input(x, "x")
     dy = _api._input(dy, "dy")
     _checks.like("dy", dy.shape, dy.dtype, "x", x.shape, x.dtype)
-    channels_last, N, C, S, G = _checks.group_layout(x.shape, num_groups, channel_axis)
+    channels_last, N, C, S, G = _layout(x.shape, num_groups, channel_axis)
     pair, weight, _ = _api._params(x.dtype, (C,), weight, None, "(C,)")
     mean = _api._as_array(mean, "mean")
     rstd = _api._as_array(rstd, "rstd")
@@ -96,7 +118,12 @@ def group_norm_backward(dy, x, mean, rstd, weight=None, *, num_groups, channel_a
     _checks.group_stats("rstd", rstd.shape, rstd.dtype, N, G, pair.stat)
     T = resolve_num_threads(num_threads)
     dx = dweight = dbias = None
-    if out is not None:
+    fast = out is not None and weight is not None and x.flags.c_contiguous and dy.flags.c_contiguous and \
+        _isa.kernels.given_outputs(out, (x.shape, (C,), (C,)), (pair.x, pair.grad, pair.grad),
+                                   (dy, x, mean, rstd, weight), (dy, x))
+    if fast:   # plain, right, apart from the inputs (dx may be dy or x)
+        dx, dweight, dbias = fast
+    elif out is not None:
         if type(out) is np.ndarray:
             dx = _outputs.check(out, "out", x.shape, pair.x)
         else:
