@@ -250,13 +250,12 @@ cdef const char *_c_error_string(int status) noexcept nogil:
     return b"cynorm: unknown status"
 
 
-cdef inline int _pair_of(const cynorm_desc *d) noexcept nogil:
-    """The pair code (meson.build's table) of a descriptor's dtypes, or -1; without
-    params, x's first pair."""
+cdef inline int _pair_of(int x_dtype, int param_dtype) noexcept nogil:
+    """The pair code (meson.build's table) of these dtypes (cynorm.h's codes), or -1;
+    without params, x's first pair."""
     cdef int i
     for i in range(CN_NUM_PAIRS):
-        if cn_pair_rows[i].x == d.x_dtype and (d.param_dtype == CYNORM_NO_PARAMS
-                                                or cn_pair_rows[i].param == d.param_dtype):
+        if cn_pair_rows[i].x == x_dtype and (param_dtype == CYNORM_NO_PARAMS or cn_pair_rows[i].param == param_dtype):
             return i
     return -1
 
@@ -267,28 +266,34 @@ cdef inline bint _desc_ok(const cynorm_desc *d) noexcept nogil:
 
 
 cdef void _fill_call(cn_call *c, const cn_ops *ops, const cynorm_desc *d, int backward, int in_flight) noexcept nogil:
+    _fill_call_rows(c, ops, d.rows, d.cols, d.num_threads, (d.flags & CYNORM_FRESH_OUTPUT) != 0, backward, in_flight)
+
+
+cdef void _fill_call_rows(cn_call *c, const cn_ops *ops, int64_t M, int64_t N, int num_threads, bint fresh,
+                          int backward, int in_flight) noexcept nogil:
+    """The policy's view of a call over M rows of N elements (GroupNorm: its (sample, group) rows)."""
     c.backward = backward
-    c.M = d.rows
-    c.N = d.cols
+    c.M = M
+    c.N = N
     c.x_size = ops.x_size
     c.acc_size = ops.acc_size
     c.small_max = ops.small_max
     c.multirow_stream = ops.multirow_stream
     c.grads = 0
-    c.requested_threads = d.num_threads if d.num_threads > 0 else omp_get_max_threads()
+    c.requested_threads = num_threads if num_threads > 0 else omp_get_max_threads()
     c.num_procs = omp_get_num_procs
     c.in_flight = in_flight
     c.in_parallel = omp_in_parallel()
     c.oversubscribe = MACHINE.oversubscribe
     c.openmp = CN_OPENMP
-    c.fresh = (d.flags & CYNORM_FRESH_OUTPUT) != 0
+    c.fresh = fresh
     c.block_rows = 0
     c.out_addr = 0
     c.in_addr = 0
 
 
 cdef int _c_forward(const cynorm_desc *d, const cynorm_fwd_bufs *b) noexcept nogil:
-    cdef int pair = _pair_of(d)
+    cdef int pair = _pair_of(d.x_dtype, d.param_dtype)
     if pair < 0 or not _desc_ok(d) or not (d.eps >= 0.0 and d.eps <= 1.7976931348623157e308):
         return CYNORM_EINVAL
     if b.x == NULL or b.y == NULL:
@@ -355,7 +360,7 @@ cdef int _forward_impl(const cynorm_desc *d, const cynorm_fwd_bufs *b, const cn_
 
 
 cdef int _c_backward(const cynorm_desc *d, const cynorm_bwd_bufs *b) noexcept nogil:
-    cdef int pair = _pair_of(d)
+    cdef int pair = _pair_of(d.x_dtype, d.param_dtype)
     if pair < 0 or not _desc_ok(d) or not _bwd_bufs_ok(d, b):
         return CYNORM_EINVAL
     return _backward_impl(d, b, cn_get_ops(pair), _widened(pair), NULL)

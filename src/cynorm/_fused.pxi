@@ -21,7 +21,7 @@ cdef bint _add_desc_ok(const cynorm_add_desc *d, bint backward) noexcept nogil:
     accumulator); the residual (forward) and dsum (backward) are x's or h's dtype;
     params as for the plain norms on x."""
     cdef int x = d.base.x_dtype, h = d.h_dtype
-    if not _desc_ok(&d.base) or _pair_of(&d.base) < 0:
+    if not _desc_ok(&d.base) or _pair_of(d.base.x_dtype, d.base.param_dtype) < 0:
         return False
     # h: x's dtype or x's accumulator dtype (the float32 residual stream of 16-bit x)
     if not (h == x or h == cn_kernel_rows[cn_kernel_rows[_kernel_of(x)].acc].code):

@@ -7,21 +7,9 @@
 
 cdef int _gn_threads(const cn_ops *ops, int64_t rows, int64_t L, int64_t units, int num_threads,
                      bint backward, int in_flight) noexcept nogil:
+    """The policy's thread count for LayerNorm over these rows, at most `units` (the work's pieces)."""
     cdef cn_call c
-    memset(&c, 0, sizeof(c))
-    c.backward = backward
-    c.M = rows
-    c.N = L
-    c.x_size = ops.x_size
-    c.acc_size = ops.acc_size
-    c.small_max = ops.small_max
-    c.multirow_stream = ops.multirow_stream
-    c.requested_threads = num_threads if num_threads > 0 else omp_get_max_threads()
-    c.num_procs = omp_get_num_procs
-    c.in_flight = in_flight
-    c.in_parallel = omp_in_parallel()
-    c.oversubscribe = MACHINE.oversubscribe
-    c.openmp = CN_OPENMP
+    _fill_call_rows(&c, ops, rows, L, num_threads, False, backward, in_flight)
     cdef int T = cn_policy_for(&MACHINE, &c).threads
     return <int>_min(T, units) if units > 0 else 1
 
@@ -42,16 +30,6 @@ cdef float *_gn_params(int half, const void **w, const void **b, int64_t C) noex
     return wide
 
 
-cdef inline int _group_pair(const cynorm_group_desc *d) noexcept nogil:
-    """The pair code of a GroupNorm descriptor's dtypes, or -1 (without params: x's first pair)."""
-    cdef int i
-    for i in range(CN_NUM_PAIRS):
-        if cn_pair_rows[i].x == d.x_dtype and (d.param_dtype == CYNORM_NO_PARAMS
-                                                or cn_pair_rows[i].param == d.param_dtype):
-            return i
-    return -1
-
-
 cdef inline bint _group_desc_ok(const cynorm_group_desc *d) noexcept nogil:
     return (d.batch >= 0 and d.channels >= 1 and d.spatial >= 1 and d.groups >= 1 and d.channels % d.groups == 0
             and (d.channels_last == 0 or d.channels_last == 1) and d.num_threads >= 0 and LEVEL != NULL)
@@ -59,7 +37,7 @@ cdef inline bint _group_desc_ok(const cynorm_group_desc *d) noexcept nogil:
 
 cdef int _c_group_forward(const cynorm_group_desc *d, const cynorm_group_fwd_bufs *b) noexcept nogil:
     """The C entry point's GroupNorm forward (cynorm.h)."""
-    cdef int pair = _group_pair(d)
+    cdef int pair = _pair_of(d.x_dtype, d.param_dtype)
     if pair < 0 or not _group_desc_ok(d) or not (d.eps >= 0.0 and d.eps <= 1.7976931348623157e308):
         return CYNORM_EINVAL
     if d.batch == 0:
@@ -109,14 +87,14 @@ cdef int _c_group_forward(const cynorm_group_desc *d, const cynorm_group_fwd_buf
 cdef int _c_group_backward(const cynorm_group_desc *d, const cynorm_group_bwd_bufs *b) noexcept nogil:
     """The C entry point's GroupNorm backward (cynorm.h): dx; dweight/dbias from the
     samples' terms added in order and rounded once (via float32 for 16-bit params)."""
-    cdef int pair = _group_pair(d)
+    cdef int pair = _pair_of(d.x_dtype, d.param_dtype)
     if pair < 0 or not _group_desc_ok(d):
         return CYNORM_EINVAL
     if (b.dweight == NULL) != (b.dbias == NULL) or (b.dweight != NULL and b.weight == NULL):
         return CYNORM_EINVAL
     if d.param_dtype == CYNORM_NO_PARAMS and b.weight != NULL:
         return CYNORM_EINVAL
-    cdef int64_t N = d.batch, C = d.channels, n, j
+    cdef int64_t N = d.batch, C = d.channels
     if N > 0 and (b.dy == NULL or b.x == NULL or b.mean == NULL or b.rstd == NULL or b.dx == NULL):
         return CYNORM_EINVAL
     cdef const cn_ops *ops = cn_get_ops(pair)
@@ -157,17 +135,25 @@ cdef int _c_group_backward(const cynorm_group_desc *d, const cynorm_group_bwd_bu
                     ops.gn_bwd_rows(&a, (units * t) // T, (units * (t + 1)) // T, part)
     cn_leave_call()
     if rc == CYNORM_OK and b.dweight != NULL:
-        for n in range(N):            # sample after sample: the order depends on N alone
-            for j in range(2 * C):
-                sums[j] += part[n * 2 * C + j]
-        _group_round(sums, b.dweight, C, pair)
-        _group_round(sums + C, b.dbias, C, pair)
+        _group_grads(part, N, C, pair, sums, b.dweight, b.dbias)
     free(scratch)
     free(sums)
     if part != b.terms:
         free(part)
     free(wide)
     return rc
+
+
+cdef void _group_grads(const double *part, int64_t N, int64_t C, int pair, double *sums, void *dweight,
+                       void *dbias) noexcept nogil:
+    """dweight, dbias from N samples' terms (part: N x 2 x C): added sample after sample
+    into sums (2C zeros), the order depending on N alone, then rounded once."""
+    cdef int64_t n, j
+    for n in range(N):
+        for j in range(2 * C):
+            sums[j] += part[n * 2 * C + j]
+    _group_round(sums, dweight, C, pair)
+    _group_round(sums + C, dbias, C, pair)
 
 
 cdef void _group_round(const double *src, void *dst, int64_t C, int pair) noexcept nogil:
@@ -245,15 +231,17 @@ def group_backward(int pair, cnp.ndarray dy, cnp.ndarray x, cnp.ndarray mean, cn
     _check(rc)
 
 
-def group_part_sums(cnp.ndarray part):
-    """dweight and dbias in float64 from the samples' terms (part: C-contiguous float64
-    (N, 2, C)), added sample after sample, as _c_group_backward adds them: (2, C)."""
-    cdef int64_t N = part.shape[0], K = part.shape[1] * part.shape[2], n, j
-    out = np.zeros((part.shape[1], part.shape[2]), np.float64)
-    cdef double *o = <double *>_data(out)
+def group_param_grads(int pair, cnp.ndarray part, object grad_dtype):
+    """(dweight, dbias) in the pair's gradient dtype from samples' terms (C-contiguous
+    float64 (N, 2, C)), as _c_group_backward makes them: cynorm.dask adds its chunks'
+    terms here, concatenated in batch order."""
+    cdef int64_t N = part.shape[0], C = part.shape[2]
+    dw, db = np.empty(C, grad_dtype), np.empty(C, grad_dtype)
+    sums = np.zeros(2 * C, np.float64)
     cdef const double *p = <const double *>_data(part)
+    cdef double *s = <double *>_data(sums)
+    cdef void *w = _data(dw)
+    cdef void *b = _data(db)
     with nogil:
-        for n in range(N):
-            for j in range(K):
-                o[j] += p[n * K + j]
-    return out
+        _group_grads(p, N, C, pair, s, w, b)
+    return dw, db

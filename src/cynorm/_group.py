@@ -17,7 +17,7 @@ for any thread count, ISA level or batch chunking.
 
 import numpy as np
 
-from . import _api, _checks, _dtypes, _isa, _outputs
+from . import _api, _checks, _isa, _outputs
 from ._threads import resolve_num_threads
 
 __all__ = ["group_norm", "group_norm_forward", "group_norm_backward",
@@ -47,13 +47,6 @@ def _layout(shape, num_groups, channel_axis):
 
 def _contiguous(a):
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
-
-
-def _round_grad(sums, dtype):
-    """float64 sums as the param dtype: via float32 (the accumulator) for 32-bit and 16-bit ones."""
-    if dtype == _dtypes.F64:
-        return sums
-    return _dtypes.round_float32(sums.astype(np.float32), dtype)
 
 
 def group_norm_forward(x, num_groups, weight=None, bias=None, *, channel_axis=1, eps=1e-5, num_threads=None,
@@ -148,13 +141,11 @@ def group_norm_backward(dy, x, mean, rstd, weight=None, *, num_groups, channel_a
     return dx, dweight, dbias
 
 
-def param_grads(part, grad_dtype):
-    """(dweight, dbias) from the samples' terms (float64 (N, 2, C), in batch order):
-    added sample after sample in float64, then rounded as the kernels round (via
-    float32 for 32- and 16-bit gradients). cynorm.dask concatenates its chunks'
-    terms and calls this: the same bits for any chunking."""
-    sums = _isa.kernels.group_part_sums(np.ascontiguousarray(part, dtype=np.float64))
-    return _round_grad(sums[0], grad_dtype), _round_grad(sums[1], grad_dtype)
+def param_grads(part, pair):
+    """(dweight, dbias) from the samples' terms (float64 (N, 2, C), in batch order), added
+    and rounded by the C entry point's own code (_group_grads). cynorm.dask concatenates
+    its chunks' terms and calls this: the same bits for any chunking."""
+    return _isa.kernels.group_param_grads(pair.code, np.ascontiguousarray(part, dtype=np.float64), pair.grad)
 
 
 def instance_norm_forward(x, weight=None, bias=None, *, channel_axis=1, eps=1e-5, num_threads=None, out=None):

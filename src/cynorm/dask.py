@@ -394,9 +394,9 @@ def _group_backward_task(dy, x, mean, rstd, weight, *, code, G, ca, num_threads)
     return dx, part
 
 
-def _group_grads(parts, grad_dtype):
+def _group_grads(parts, pair):
     """dweight, dbias from every chunk's terms, in batch order: one call's sums."""
-    return _group.param_grads(np.concatenate(parts), grad_dtype)
+    return _group.param_grads(np.concatenate(parts), pair)
 
 
 def group_norm_backward(dy, x, mean, rstd, weight=None, *, num_groups, channel_axis=1, num_threads=None):
@@ -426,5 +426,5 @@ def group_norm_backward(dy, x, mean, rstd, weight=None, *, num_groups, channel_a
     dx = da.concatenate(dxs)
     if weight is None:
         return dx, None, None
-    grads = delayed(_group_grads, pure=True, nout=2)(parts, pair.grad)
+    grads = delayed(_group_grads, pure=True, nout=2)(parts, pair)
     return (dx,) + tuple(da.from_delayed(g, (C,), dtype=pair.grad, meta=np.empty((0,), pair.grad)) for g in grads)
