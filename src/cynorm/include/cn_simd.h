@@ -99,6 +99,18 @@
 #  endif
 #endif
 
+/* Per-vector steps (a few operations on one vector, called from the hot
+ * loops) are inlined at every level where the compiler allows it, the portable
+ * one included: out of line, each call passes 64-byte structs through memory
+ * and tests its flags at run time. (MSVC keeps its choice at the portable level.) */
+#if defined(CN_NO_FORCE_INLINE) || (defined(_MSC_VER) && !defined(__clang__) && defined(CN_GENERIC))
+#  define CN_VEC_INLINE CN_INLINE
+#elif defined(_MSC_VER) && !defined(__clang__)
+#  define CN_VEC_INLINE static __forceinline
+#else
+#  define CN_VEC_INLINE static inline __attribute__((always_inline))
+#endif
+
 #if defined(CN_AVX512) || defined(CN_AVX2)
 #  include <immintrin.h>
 #endif

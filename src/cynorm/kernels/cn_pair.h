@@ -32,14 +32,14 @@ typedef CN_CAT(cn_, CN_LANE) vec;
 #define CN_IO(what, S) CN_CAT(CN_CAT3(cn_, CN_LANE, _##what##_), S)
 
 /* x storage; `full`: t == VL (a constant wherever these are inlined) */
-CN_INLINE vec load_x(const xt *p) { return CN_IO(load, CN_XS)(p); }
-CN_INLINE vec load_x_t(const xt *p, int64_t t, const int full)
+CN_VEC_INLINE vec load_x(const xt *p) { return CN_IO(load, CN_XS)(p); }
+CN_VEC_INLINE vec load_x_t(const xt *p, int64_t t, const int full)
 {
     return full ? CN_IO(load, CN_XS)(p) : CN_IO(loadn, CN_XS)(p, t);
 }
 /* stream: non-temporal stores, partial vectors included (so that no cache line
  * gets both kinds of store; see cn_stream_bytes) */
-CN_INLINE void store_x_t(xt *p, vec v, int64_t t, const int full, const int stream)
+CN_VEC_INLINE void store_x_t(xt *p, vec v, int64_t t, const int full, const int stream)
 {
     if (full) {
         if (stream) CN_IO(stream, CN_XS)(p, v);
@@ -50,23 +50,23 @@ CN_INLINE void store_x_t(xt *p, vec v, int64_t t, const int full, const int stre
     }
 }
 /* two full vectors to p and p + VL (a level may convert both at once: cn_vf_store2_bf16) */
-CN_INLINE void store_x2(xt *p, vec a, vec b, const int stream)
+CN_VEC_INLINE void store_x2(xt *p, vec a, vec b, const int stream)
 {
     if (stream) CN_IO(stream2, CN_XS)(p, a, b);
     else CN_IO(store2, CN_XS)(p, a, b);
 }
 
 /* param storage (pt) and accumulators (at) */
-CN_INLINE vec load_p(const pt *p) { return CN_IO(load, CN_PS)(p); }
-CN_INLINE vec load_p_t(const pt *p, int64_t t, const int full)
+CN_VEC_INLINE vec load_p(const pt *p) { return CN_IO(load, CN_PS)(p); }
+CN_VEC_INLINE vec load_p_t(const pt *p, int64_t t, const int full)
 {
     return full ? CN_IO(load, CN_PS)(p) : CN_IO(loadn, CN_PS)(p, t);
 }
-CN_INLINE vec load_a_t(const at *p, int64_t t, const int full)
+CN_VEC_INLINE vec load_a_t(const at *p, int64_t t, const int full)
 {
     return full ? CN_IO(load, CN_AS)(p) : CN_IO(loadn, CN_AS)(p, t);
 }
-CN_INLINE void store_a_t(at *p, vec v, int64_t t, const int full)
+CN_VEC_INLINE void store_a_t(at *p, vec v, int64_t t, const int full)
 {
     if (full) CN_IO(store, CN_AS)(p, v);
     else CN_IO(storen, CN_AS)(p, v, t);

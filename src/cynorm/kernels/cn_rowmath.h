@@ -56,7 +56,7 @@ CN_INLINE at head_mean(const xt *x, int64_t n)
 }
 
 /* x[j:j+t] - P, lanes past t zeroed */
-CN_INLINE vec dev_vec(const xt *x, int64_t t, const int full, vec P)
+CN_VEC_INLINE vec dev_vec(const xt *x, int64_t t, const int full, vec P)
 {
     vec e = VOP(sub)(load_x_t(x, t, full), P);
     return full ? e : VOP(keepn)(e, t);
@@ -176,7 +176,7 @@ CN_INLINE void split_mean(double pivot, double delta, at *hi, at *lo)
 }
 
 /* y[j:j+t] = ((x - mean_hi) * rstd + lr) * w + b, lr = -mean_lo * rstd (RMSNorm: x * rstd * w) */
-CN_INLINE vec norm_vec(const xt *x, const pt *w, const pt *b, int64_t j, int64_t t, const int full, vec mh,
+CN_VEC_INLINE vec norm_vec(const xt *x, const pt *w, const pt *b, int64_t j, int64_t t, const int full, vec mh,
                        vec r, vec lr, const int center, const int has_w, const int has_b)
 {
     vec v = load_x_t(x + j, t, full);
@@ -379,14 +379,14 @@ _Static_assert(CN_ROW_GROUP_MAX == 4, "cn_bwd.h dispatches sweeps of 1, 2 or 4 r
  * dx = rstd * (g - c1 - xhat * c2), c1 = mean(g), c2 = mean(g * xhat)
  * (RMSNorm: no c1, xhat = x * rstd); dweight += dy * xhat, dbias += dy. */
 
-CN_INLINE vec xhat_vec(vec xv, vec M, vec R, const int center)
+CN_VEC_INLINE vec xhat_vec(vec xv, vec M, vec R, const int center)
 {
     return center ? VOP(mul)(VOP(sub)(xv, M), R) : VOP(mul)(xv, R);
 }
 
 /* one row's partials at a vector: the first row of a block writes them (init),
  * the others add into them */
-CN_INLINE void add_partials(vec *dw, vec *db, vec dyv, vec xh, const int init, const int has_db)
+CN_VEC_INLINE void add_partials(vec *dw, vec *db, vec dyv, vec xh, const int init, const int has_db)
 {
     if (init) { *dw = VOP(mul)(dyv, xh); if (has_db) *db = dyv; }
     else { *dw = VOP(mul_add)(dyv, xh, *dw); if (has_db) *db = VOP(add)(dyv, *db); }
@@ -445,7 +445,7 @@ CN_INLINE void grad_sums(const xt *dy, const xt *x, const pt *w, int64_t n, int6
 
 /* The fused backward's residual gradient: dx + dh in the accumulator lanes,
  * rounded once when stored (dh NULL: dx as it is). */
-CN_INLINE vec with_dh(vec dx, const xt *dh, int64_t j, int64_t t, const int full)
+CN_VEC_INLINE vec with_dh(vec dx, const xt *dh, int64_t j, int64_t t, const int full)
 {
     return dh ? VOP(add)(dx, load_x_t(dh + j, t, full)) : dx;
 }
@@ -453,7 +453,7 @@ CN_INLINE vec with_dh(vec dx, const xt *dh, int64_t j, int64_t t, const int full
 /* dx[j:j+t] of one row (and with acc, the row added into the partials: acc 1
  * writes them, 2 adds -- the operations of grad_sums, so the partials come
  * out bit-identical) */
-CN_INLINE vec dx_vec(const xt *dy, const xt *x, const pt *w, at *dwp, at *dbp, int64_t j, int64_t t,
+CN_VEC_INLINE vec dx_vec(const xt *dy, const xt *x, const pt *w, at *dwp, at *dbp, int64_t j, int64_t t,
                      const int full, vec M, vec R, vec C1, vec C2, const int center, const int has_w,
                      const int acc, const int has_db)
 {
@@ -499,7 +499,7 @@ CN_INLINE void dx_row(const xt *dy, const xt *x, const pt *w, const xt *dh, xt *
 /* Row i's dx at columns j..j+t (returned), and the row added into the
  * partials dw/db (the first row of a block, init, writes them; the first row
  * of a sweep loads them) */
-CN_INLINE vec dx_rows_term(const xt *x, const xt *dy, const at *dwp, const at *dbp, int64_t j, int64_t t,
+CN_VEC_INLINE vec dx_rows_term(const xt *x, const xt *dy, const at *dwp, const at *dbp, int64_t j, int64_t t,
                            const int full, vec wv, vec M, vec R, vec C1, vec C2, vec *dw, vec *db, const int first,
                            const int init, const int center, const int has_db)
 {
