@@ -76,6 +76,9 @@ def main(wheel):
         print(f"ELF imports of {Path(wheel).name}:")
         for path in modules + vendored:
             syms = dynsyms(path)
+            if not syms:   # an objdump whose format LINE does not read: fail, not pass unchecked
+                errors.append(f"{path.name}: no dynamic symbols read from objdump -T")
+                continue
             report(path, syms)
             if path not in modules:
                 continue
