@@ -14,6 +14,9 @@ Columns (each library in its own worker process, the rounds taking them in turn;
   its bf16 is cynorm's mixed); vs oneDNN = oneDNN / cynorm out=;
 - ORT: ONNX Runtime's GroupNormalization (opset 21: per-channel scale and bias),
   forward, NCHW (the op's layout) float32 only where it runs;
+- OpenVINO: its GroupNormalization (opset 12) compiled for the CPU plugin with
+  inference precision f32 (its default on BF16 CPUs is bf16) and the thread
+  count set, forward, NCHW float32 (the op's layout; it has no backward);
 - floor: NumPy moving the same bytes into a fresh array -- forward a copy of x,
   backward an elementwise op of x and dy; 16-bit data as uint16.
 
@@ -26,7 +29,7 @@ import sys
 #: (channels-first shape, num_groups): UNet-like, ResNet-like (GroupNorm and InstanceNorm), tiny
 SHAPES = [((2, 320, 64, 64), 32), ((2, 640, 32, 32), 32), ((2, 1280, 16, 16), 32),
           ((64, 128, 56, 56), 32), ((64, 128, 56, 56), 128), ((1, 32, 8, 8), 8)]
-LIBS = ["cynorm", "numpy", "torch", "ort"]
+LIBS = ["cynorm", "numpy", "torch", "ort", "openvino"]
 LARGE = 100_000
 
 
@@ -124,9 +127,26 @@ def run_request(lib, req):
             return {"error": f"GroupNormalization: {err}"}
         feeds = {"x": x, "w": w, "b": b}
         out[d] = t(lambda: sess.run(None, feeds), budget)
+    elif lib == "openvino":
+        if d != "fwd" or layout != "nchw" or x.dtype != np.float32 or w.dtype != np.float32:
+            return out
+        req_ = _ov_request(G, shape, threads)
+        out[d] = t(lambda: req_.infer({0: x, 1: w, 2: b}), budget)
     del x, dy, w, b
     gc.collect()
     return out
+
+
+def _ov_request(G, shape, threads):
+    import openvino as ov
+    import openvino.opset12 as ops
+    params = [ops.parameter(list(shape), ov.Type.f32), ops.parameter([shape[1]], ov.Type.f32),
+              ops.parameter([shape[1]], ov.Type.f32)]
+    y = ops.group_normalization(*params, num_groups=G, epsilon=1e-5)
+    model = ov.Model([y], params, "gn")
+    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": threads,
+                                                      "INFERENCE_PRECISION_HINT": "f32"})
+    return compiled.create_infer_request()
 
 
 def _ort_session(ort, G, shape, threads):
@@ -184,6 +204,7 @@ def cmd_groupnorm(args):
                 row[f"{d}_floor_eff"] = vals["numpy"] / cy if cy and vals["numpy"] else None
                 row[f"{d}_vs_torch"] = vals["torch"] / cy if cy and vals["torch"] else None
                 row[f"{d}_vs_ort"] = vals["ort"] / cy if cy and vals["ort"] else None
+                row[f"{d}_vs_openvino"] = vals["openvino"] / cy if cy and vals["openvino"] else None
             rows.append(row)
     finally:
         for w in workers.values():
@@ -207,18 +228,19 @@ def _print(rows, meta):
     from bench import _fmt
     v = meta["versions"]
     print(f"\n### GroupNorm -- cynorm {v.get('cynorm')} ({meta['isa']}), torch {v.get('torch')}, onnxruntime "
-          f"{v.get('ort')}, oneDNN {v.get('onednn')}, {meta['threads']} thread(s), {meta['machine']['cpu_model']}\n")
+          f"{v.get('ort')}, OpenVINO {v.get('openvino')}, oneDNN {v.get('onednn')}, {meta['threads']} thread(s), {meta['machine']['cpu_model']}\n")
     print("Times in ms (median). cynorm, torch, ORT, floor: fresh outputs; cynorm out=, oneDNN: preallocated. "
-          "eff = floor / cynorm; vs torch, vs ORT = their time / cynorm's; vs oneDNN = oneDNN / cynorm out=.\n")
+          "eff = floor / cynorm; vs torch, vs ORT, vs OV = their time / cynorm's; vs oneDNN = oneDNN / cynorm out=.\n")
     for d, title in (("fwd", "forward"), ("bwd", "backward")):
         print(f"{title}:\n")
-        print("| shape | G | layout | mode | cynorm | torch | ORT | floor | cynorm out= | oneDNN | floor eff "
-              "| vs torch | vs ORT | vs oneDNN |")
-        print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("| shape | G | layout | mode | cynorm | torch | ORT | OpenVINO | floor | cynorm out= | oneDNN "
+              "| floor eff | vs torch | vs ORT | vs OV | vs oneDNN |")
+        print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
-            cells = [r[f"{d}_cynorm_ms"], r[f"{d}_torch_ms"], r[f"{d}_ort_ms"], r[f"{d}_numpy_ms"],
-                     r[f"{d}_cynorm_out_ms"], r[f"{d}_onednn_ms"]]
-            ratios = [r[f"{d}_floor_eff"], r[f"{d}_vs_torch"], r[f"{d}_vs_ort"], r[f"{d}_vs_onednn"]]
+            cells = [r[f"{d}_cynorm_ms"], r[f"{d}_torch_ms"], r[f"{d}_ort_ms"], r[f"{d}_openvino_ms"],
+                     r[f"{d}_numpy_ms"], r[f"{d}_cynorm_out_ms"], r[f"{d}_onednn_ms"]]
+            ratios = [r[f"{d}_floor_eff"], r[f"{d}_vs_torch"], r[f"{d}_vs_ort"], r[f"{d}_vs_openvino"],
+                      r[f"{d}_vs_onednn"]]
             print(f"| {tuple(r['shape'])} | {r['groups']} | {r['layout']} | {r['mode']} | "
                   + " | ".join(_fmt(c) for c in cells) + " | " + " | ".join(_fmt(c, 2) for c in ratios) + " |")
         print()
@@ -228,6 +250,10 @@ def _print(rows, meta):
             vo = [r[f"{d}_vs_onednn"] for r in sel if r[f"{d}_vs_onednn"]]
             if vo:
                 print(f"{d} {layout}: vs oneDNN lowest {min(vo):.2f}, geometric mean {_geomean(vo):.2f}")
+            for lib in ("ort", "openvino"):
+                vl = [r[f"{d}_vs_{lib}"] for r in sel if r[f"{d}_vs_{lib}"]]
+                if vl:
+                    print(f"{d} {layout}: vs {lib} lowest {min(vl):.2f}, geometric mean {_geomean(vl):.2f}")
             vt = [r[f"{d}_vs_torch"] for r in sel if r[f"{d}_vs_torch"]]
             big = [r[f"{d}_vs_torch"] for r in sel if r[f"{d}_vs_torch"] and r["elements"] >= LARGE]
             eff = [r[f"{d}_floor_eff"] for r in sel if r[f"{d}_floor_eff"] and r["elements"] >= LARGE]

@@ -51,6 +51,13 @@ def _worker_main(lib):
             print(json.dumps({"unavailable": "onnxruntime is not installed"}), flush=True)
             return
         print(json.dumps({"ready": True, "version": onnxruntime.__version__}), flush=True)
+    elif lib == "openvino":
+        try:
+            import openvino
+        except ImportError:
+            print(json.dumps({"unavailable": "openvino is not installed"}), flush=True)
+            return
+        print(json.dumps({"ready": True, "version": openvino.__version__.split("-")[0]}), flush=True)
     else:
         print(json.dumps({"ready": True, "version": np.__version__}), flush=True)
 
