@@ -75,3 +75,56 @@ def test_same_checks_as_the_call():
         cynorm.explain(x, norm="batch_norm")
     with pytest.raises(ValueError, match="out must have shape"):
         cynorm.explain(x, out=np.empty((4, 5), np.float32))
+
+
+# ------------------------------------------------------------------ GroupNorm --
+
+def test_group_norm_fields_in_both_layouts():
+    f32 = np.float32
+    e = cynorm.explain(np.empty((2, 64, 8, 8), f32), np.ones(64, f32), norm="group_norm", num_groups=32,
+                       num_threads=1)
+    assert (e["norm"], e["layout"], e["direction"]) == ("group_norm", "channels_first", "forward")
+    assert (e["batch"], e["channels"], e["groups"], e["positions"], e["group_elems"]) == (2, 64, 32, 64, 128)
+    assert (e["split"], e["units"], e["scratch_bytes_per_thread"], e["threads"]) == ("rows (sample, group)", 64, 0, 1)
+    assert e["isa"] == _isa.level and e["policy"]["class"] in _isa.kernels.class_names()
+    e = cynorm.explain(np.empty((3, 5, 7, 48), bfloat16), norm="group_norm", num_groups=12, channel_axis=-1,
+                       backward=True, num_threads=1)
+    assert (e["layout"], e["direction"], e["x_dtype"], e["param_dtype"]) == ("channels_last", "backward",
+                                                                              "bfloat16", "bfloat16")
+    assert (e["batch"], e["channels"], e["positions"], e["group_elems"]) == (3, 48, 35, 140)
+    assert (e["split"], e["units"]) == ("samples", 3)
+    wider = cynorm.explain(np.empty((3, 5, 7, 96), bfloat16), norm="group_norm", num_groups=12, channel_axis=-1)
+    assert 0 < e["scratch_bytes_per_thread"] and wider["scratch_bytes_per_thread"] == 2 * e["scratch_bytes_per_thread"]
+
+
+@pytest.mark.parametrize("shape, groups, axis", [((8, 64, 32, 32), 32, 1), ((8, 32, 32, 64), 32, -1),
+                                                  ((1, 32, 32, 256), 8, -1), ((2, 4, 3), 2, 1)])
+@pytest.mark.parametrize("backward", [False, True])
+def test_group_norm_threads_are_layer_norms_over_the_same_rows(shape, groups, axis, backward):
+    """The thread count is the one LayerNorm over the (sample, group) rows gets, at most
+    one thread per unit of work (a row channels-first, a sample channels-last)."""
+    x = np.empty(shape, np.float32)
+    C = shape[axis]
+    L = x.size // (shape[0] * groups)
+    for T in (1, 2, 3):
+        e = cynorm.explain(x, norm="group_norm", num_groups=groups, channel_axis=axis, backward=backward,
+                           num_threads=T)
+        rows = cynorm.explain(np.empty((shape[0] * groups, L), np.float32), backward=backward, num_threads=T)
+        units = shape[0] if axis == -1 else shape[0] * groups
+        assert e["units"] == units and e["channels"] == C
+        assert e["threads"] == min(rows["threads"], units), (T, e, rows)
+        assert 1 <= e["threads"] <= T
+
+
+def test_group_norm_explain_errors():
+    x = np.empty((2, 6, 4), np.float32)
+    with pytest.raises(ValueError, match="num_groups"):
+        cynorm.explain(x, norm="group_norm")
+    with pytest.raises(ValueError, match="divide|divisible|multiple"):
+        cynorm.explain(x, norm="group_norm", num_groups=4)
+    with pytest.raises(ValueError, match=r"\(C,\)"):
+        cynorm.explain(x, np.ones(4, np.float32), norm="group_norm", num_groups=3)
+    with pytest.raises(ValueError, match="out="):
+        cynorm.explain(x, norm="group_norm", num_groups=3, out=np.empty_like(x))
+    with pytest.raises(ValueError, match="group_norm"):
+        cynorm.explain(x, norm="batch_norm")

@@ -147,3 +147,19 @@ def test_cibuildwheel_builds_every_classified_python_on_three_oses():
         got = set(r.stdout.split())
         want = {f"cp{v}-{a}" for v in versions for a in archs}
         assert got == want, (platform, sorted(got ^ want))
+
+
+@needs_sources
+def test_cibuildwheel_linux_images_match_the_checked_glibc_floor():
+    """The manylinux images cibuildwheel builds in carry the glibc floor that
+    tools/wheel_check.sh builds against and checks here (its default
+    CYNORM_GLIBC_FLOOR): manylinux2014 is glibc 2.17, manylinux_2_X is 2.X."""
+    linux = _pyproject()["tool"]["cibuildwheel"]["linux"]
+    with open(os.path.join(ROOT, "tools", "wheel_check.sh")) as f:
+        floor = re.search(r"^FLOOR=\$\{CYNORM_GLIBC_FLOOR:-(\d+\.\d+)\}", f.read(), re.M).group(1)
+    named = {"manylinux2014": "2.17", "manylinux2010": "2.12", "manylinux1": "2.5"}
+    for arch in ("x86_64", "aarch64"):
+        image = linux[f"manylinux-{arch}-image"]
+        m = re.fullmatch(r"manylinux_(\d+)_(\d+)", image)
+        glibc = f"{m.group(1)}.{m.group(2)}" if m else named.get(image)
+        assert glibc == floor, (arch, image, floor)

@@ -306,13 +306,15 @@ def rms_norm_backward(dy, x, rstd, weight=None, *, axis=-1, num_threads=None, ou
 
 # ----------------------------------------------------------------- explain --
 
-def explain(x, weight=None, *, axis=-1, num_threads=None, norm="layer_norm", backward=False, out=None):
+def explain(x, weight=None, *, axis=-1, num_threads=None, norm="layer_norm", backward=False, out=None,
+            num_groups=None, channel_axis=1):
     """How a call would run, as a dict: the ISA level, the kernel dtypes, the
     threads, the path through the rows, whether the output is streamed and how
     a fresh one is faulted in, group sizes, and the tunables in use.
 
     Takes the arguments of the call to explain (x, weight, axis, num_threads,
-    out) plus ``norm`` ("layer_norm" or "rms_norm") and ``backward``; x may be
+    out) plus ``norm`` ("layer_norm", "rms_norm" or "group_norm": then with
+    ``num_groups`` and ``channel_axis`` instead of axis) and ``backward``; x may be
     any array (only its shape, dtype and address count). Nothing is computed.
     The policy comes from the same function the call uses (cn_policy_for), with
     this call alone in flight; an output it allocates is taken as fresh (a
@@ -320,8 +322,15 @@ def explain(x, weight=None, *, axis=-1, num_threads=None, norm="layer_norm", bac
     whether a measured policy (cynorm.tune()) is loaded, the call's class, and
     which tunables came from measurement and which from the defaults.
     """
+    if norm == "group_norm":
+        if out is not None:
+            raise ValueError("cynorm: explain(norm='group_norm') takes no out= (GroupNorm writes its "
+                             "outputs the same way whether given or new)")
+        from . import _group
+        return _group.explain(x, num_groups, weight, channel_axis=channel_axis, num_threads=num_threads,
+                              backward=backward)
     if norm not in ("layer_norm", "rms_norm"):
-        raise ValueError(f"cynorm: norm must be 'layer_norm' or 'rms_norm', got {norm!r}")
+        raise ValueError(f"cynorm: norm must be 'layer_norm', 'rms_norm' or 'group_norm', got {norm!r}")
     x = _input(x, "x")
     ax, M, N, norm_shape, stat_shape = _layout(x, axis)
     pair, weight, _ = _params(x.dtype, norm_shape, weight, None)

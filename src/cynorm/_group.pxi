@@ -245,3 +245,20 @@ def group_param_grads(int pair, cnp.ndarray part, object grad_dtype):
     with nogil:
         _group_grads(p, N, C, pair, s, w, b)
     return dw, db
+
+
+def group_explain_call(int pair, int64_t N, int64_t C, int64_t S, int64_t G, bint channels_last, int num_threads,
+                       bint backward):
+    """How a GroupNorm call would split its work (cynorm.explain builds the arguments): the
+    threads _gn_threads gives it, what each thread takes, and the policy class of the
+    LayerNorm call over the same rows that the thread count comes from."""
+    cdef const cn_ops *ops = cn_get_ops(pair)
+    if ops == NULL:
+        raise ValueError(f"unknown kernel pair {pair}")
+    cdef int64_t units = N if channels_last else N * G
+    cdef int T = _gn_threads(ops, N * G, C // G * S, units, num_threads, backward, 1)
+    cdef cn_call c
+    _fill_call_rows(&c, ops, N * G, C // G * S, num_threads, False, backward, 1)
+    return {"threads": T, "class": cn_class_of(&c, T),
+            "split": "samples" if channels_last else "rows (sample, group)", "units": units,
+            "scratch_bytes_per_thread": CN_GN_SCRATCH(C) * 8 if channels_last else 0}

@@ -141,6 +141,27 @@ def group_norm_backward(dy, x, mean, rstd, weight=None, *, num_groups, channel_a
     return dx, dweight, dbias
 
 
+def explain(x, num_groups, weight=None, *, channel_axis=1, num_threads=None, backward=False):
+    """cynorm.explain(..., norm="group_norm"): how a GroupNorm call would run. Its thread
+    count comes from the policy as for LayerNorm over the same (sample, group) rows;
+    channels-first calls give each thread whole rows, channels-last ones whole samples."""
+    if num_groups is None:
+        raise ValueError("cynorm: explain(norm='group_norm') needs num_groups")
+    x = _api._input(x, "x")
+    channels_last, N, C, S, G = _layout(x.shape, num_groups, channel_axis)
+    pair, weight, _ = _api._params(x.dtype, (C,), weight, None, "(C,)")
+    T = resolve_num_threads(num_threads)
+    from . import _dtypes, _tune
+    plan = _isa.kernels.group_explain_call(pair.code, N, C, S, G, channels_last, T or 0, bool(backward))
+    cls_name = _isa.kernels.class_names()[plan.pop("class")]
+    return {"norm": "group_norm", "direction": "backward" if backward else "forward", "isa": _isa.level,
+            "layout": "channels_last" if channels_last else "channels_first", "batch": N, "channels": C,
+            "groups": G, "positions": S, "group_elems": C // G * S,
+            "x_dtype": _dtypes.dtype_name(pair.x), "param_dtype": _dtypes.dtype_name(pair.param),
+            "requested_threads": T, **plan,
+            "policy": {**_tune.status(), "class": cls_name}}
+
+
 def param_grads(part, pair):
     """(dweight, dbias) from the samples' terms (float64 (N, 2, C), in batch order), added
     and rounded by the C entry point's own code (_group_grads). cynorm.dask concatenates
