@@ -40,7 +40,7 @@ PLAN = {
                                  ((4096, 4096), "f32", "bwd", 1, True), ((16384, 1024), "bf16", "bwd", 1, True),
                                  (CHW, "f32", "fwd", 1, True), (CHW, "bf16", "bwd", 1, True),
                                  ((4096, 4096), "f32", "fwd", 2, True), (CHW, "bf16", "fwd", 2, True)]),
-    "fresh_plain_row_bytes": (0, [((4096, 4096), "f32", "fwd", 1, False), ((4096, 4096), "bf16", "fwd", 1, False),
+    "fresh_plain_row_bytes": ("plain", [((4096, 4096), "f32", "fwd", 1, False), ((4096, 4096), "bf16", "fwd", 1, False),
                                   ((16384, 1024), "f32", "fwd", 1, False), ((4096, 4096), "bf16", "bwd", 1, False),
                                   ((65536, 256), "f32", "fwd", 1, False), ((4096, 4096), "f32", "fwd", 2, False)]),
     "long_row_bytes": (NEVER, [(CHW, "f32", "fwd", 1, True), (CHW, "bf16", "fwd", 1, True),
@@ -130,6 +130,8 @@ def measure(name, alt, cells, rounds, budget, context=None):
                 other = 1 - default
             elif alt == "flip0":
                 other = 0 if default else 1 << 30
+            elif alt == "plain":   # the other rule: plain stores up to the long-row bound where the default is 0
+                other = 0 if default else _core.tunables(cls)["long_row_bytes"]
             elif alt == "far":   # the other setting: 32 KB where the default is never, never where it is on
                 other = NEVER if default < NEVER else 32 << 10
             elif alt == 0 and default == 0:
