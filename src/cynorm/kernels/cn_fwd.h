@@ -200,10 +200,11 @@ CN_INLINE void fwd_small_block(const cn_fwd_args *a, int64_t r0, const int64_t n
     block_rstd(a, nrows, inv_n, m2, rstd);
     at mh[CN_SMALL_BLOCK], lr[CN_SMALL_BLOCK], rs[CN_SMALL_BLOCK];
     const int odd = block_scalars(a, r0, nrows, inv_n, pv, dd, m2, rstd, mh, lr, rs);
+    const int64_t ahead = short_prefetch_rows(nrows, N * (int64_t)sizeof(xt));
     for (i = 0; i < nrows; i++) {                      /* normalize, rereading from L1 */
         const xt *x = X + i * N;
         xt *y = Y + i * N;
-        prefetch_span(x + nrows * N, N);           /* the same row of the next block */
+        prefetch_span(x + ahead * N, N);           /* the same row some blocks ahead */
         if (CN_UNLIKELY(odd) && wants_rescue(a, x, dd[i], m2[i], inv_n)) {
             fwd_rescue(a, r0 + i);                 /* (writes its own mean and rstd) */
             if (stage) memcpy(y, (xt *)a->y + (r0 + i) * N, (size_t)N * sizeof(xt));

@@ -350,6 +350,17 @@ CN_INLINE void prefetch_span(const xt *p, int64_t n)
     for (int64_t off = 0; off < n * (int64_t)sizeof(xt); off += 64) cn_prefetch((const char *)p + off);
 }
 
+/* The forward's short rows prefetch the same row of a block about
+ * CN_SHORT_PREFETCH_BYTES ahead, in whole blocks (at least the next one): a
+ * block of rows of 64 fp32 or fewer is too little lead to hide DRAM's latency
+ * (benchmarks/README.md, "Short rows prefetch further ahead"). */
+#define CN_SHORT_PREFETCH_BYTES 8192
+CN_INLINE int64_t short_prefetch_rows(int64_t nrows, int64_t row_bytes)
+{
+    const int64_t block = nrows * row_bytes;
+    return nrows * ((CN_SHORT_PREFETCH_BYTES + block - 1) / block);
+}
+
 /* A small row's NV vectors from storage (the last one holds `tail` lanes). */
 CN_INLINE void load_small_row(vec *v, const xt *x, const int NV, int64_t tail)
 {
