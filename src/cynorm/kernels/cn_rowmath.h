@@ -350,15 +350,16 @@ CN_INLINE void prefetch_span(const xt *p, int64_t n)
     for (int64_t off = 0; off < n * (int64_t)sizeof(xt); off += 64) cn_prefetch((const char *)p + off);
 }
 
-/* The forward's short rows prefetch the same row of a block about
- * CN_SHORT_PREFETCH_BYTES ahead, in whole blocks (at least the next one): a
- * block of rows of 64 fp32 or fewer is too little lead to hide DRAM's latency
- * (benchmarks/README.md, "Short rows prefetch further ahead"). */
+/* The forward's short rows of 32-bit data prefetch the same row of a block
+ * about CN_SHORT_PREFETCH_BYTES ahead, in whole blocks: one block of rows of
+ * 64 fp32 or fewer is too little lead to hide DRAM's latency. 16-bit rows,
+ * whose arithmetic takes longer per byte, keep the next block (benchmarks/
+ * README.md, "A second CPU kind"). */
 #define CN_SHORT_PREFETCH_BYTES 8192
-CN_INLINE int64_t short_prefetch_rows(int64_t nrows, int64_t row_bytes)
+CN_INLINE int64_t short_prefetch_rows(int64_t nrows, int64_t row_bytes, int elem_bytes)
 {
     const int64_t block = nrows * row_bytes;
-    return nrows * ((CN_SHORT_PREFETCH_BYTES + block - 1) / block);
+    return elem_bytes < 4 ? nrows : nrows * ((CN_SHORT_PREFETCH_BYTES + block - 1) / block);
 }
 
 /* A small row's NV vectors from storage (the last one holds `tail` lanes). */
