@@ -356,10 +356,10 @@ CN_INLINE void prefetch_span(const xt *p, int64_t n)
  * whose arithmetic takes longer per byte, keep the next block (benchmarks/
  * README.md, "A second CPU kind"). */
 #define CN_SHORT_PREFETCH_BYTES 8192
-CN_INLINE int64_t short_prefetch_rows(int64_t nrows, int64_t row_bytes, int elem_bytes)
+CN_INLINE int64_t short_prefetch_rows(int64_t nrows, int64_t N)
 {
-    const int64_t block = nrows * row_bytes;
-    return elem_bytes < 4 ? nrows : nrows * ((CN_SHORT_PREFETCH_BYTES + block - 1) / block);
+    const int64_t block = nrows * N * (int64_t)sizeof(xt);
+    return sizeof(xt) < 4 ? nrows : nrows * ((CN_SHORT_PREFETCH_BYTES + block - 1) / block);
 }
 
 /* A small row's NV vectors from storage (the last one holds `tail` lanes). */
