@@ -391,6 +391,7 @@ def main(argv=None):
         gp.add_argument("--quick", action="store_true", help="shorter timing budgets")
         gp.add_argument("--onednn", help="a libdnnl.so (3.3 or later: group normalization) for the oneDNN column")
         gp.add_argument("--json", help="also write the results here")
+        gp.add_argument("--baseline-python", help="A/B: also time the cynorm installed for this interpreter")
         return groupnorm.cmd_groupnorm(gp.parse_args(argv[1:]))
     if argv and argv[0] == "onednn":
         sys.path.insert(0, HERE)

@@ -1,7 +1,7 @@
 """GroupNorm (bench.py groupnorm), side by side in one run.
 
     python benchmarks/bench.py groupnorm [--threads 1] [--modes fp32,bf16,mixed] [--layouts nchw,nhwc]
-                                         [--quick] [--json F]
+                                         [--quick] [--json F] [--baseline-python PY]
 
 Columns (each library in its own worker process, the rounds taking them in turn; medians):
 
@@ -21,6 +21,8 @@ Columns (each library in its own worker process, the rounds taking them in turn;
   backward an elementwise op of x and dy; 16-bit data as uint16.
 
 floor eff = floor / cynorm; vs torch = torch / cynorm (above 1: cynorm is faster).
+--baseline-python PY adds an A/B table: the cynorm of another build (e.g. the
+commit before a change) in its own worker, in the same rounds.
 """
 
 import math
@@ -174,6 +176,8 @@ def cmd_groupnorm(args):
     import bench
     onednn_libs = [f"onednn:{os.path.abspath(p)}" for p in args.onednn.split(",")] if args.onednn else []
     workers = {lib: bench.Worker(lib) for lib in LIBS + onednn_libs}
+    if args.baseline_python:   # A/B: another build's cynorm, in the same rounds
+        workers["cynorm_base"] = bench.Worker("cynorm_base", args.baseline_python)
     for lib, w in workers.items():
         if not w.available:
             bench._progress(f"{lib} not available ({w.info.get('unavailable')}): its columns left empty")
@@ -205,13 +209,17 @@ def cmd_groupnorm(args):
                 row[f"{d}_vs_torch"] = vals["torch"] / cy if cy and vals["torch"] else None
                 row[f"{d}_vs_ort"] = vals["ort"] / cy if cy and vals["ort"] else None
                 row[f"{d}_vs_openvino"] = vals["openvino"] / cy if cy and vals["openvino"] else None
+                base = res.get("cynorm_base", {}).get(d)
+                row[f"{d}_base_ms"] = base * 1e3 if base else None
+                row[f"{d}_vs_base"] = base / cy if base and cy else None
             rows.append(row)
     finally:
         for w in workers.values():
             w.close()
     meta = {"command": "groupnorm", "threads": args.threads, "machine": bench._machine(),
             "versions": {lib.split(":")[0]: w.info.get("version") for lib, w in workers.items()},
-            "isa": workers["cynorm"].info.get("config", {}).get("isa")}
+            "isa": workers["cynorm"].info.get("config", {}).get("isa"),
+            "baseline": workers["cynorm_base"].info if "cynorm_base" in workers else None}
     _print(rows, meta)
     if args.json:
         import json
@@ -222,6 +230,24 @@ def cmd_groupnorm(args):
 
 def _geomean(vals):
     return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
+
+
+def _print_ab(rows):
+    """This build against --baseline-python's, cell by cell (fresh outputs)."""
+    from bench import _fmt
+    print("A/B (fresh outputs): speed = baseline time / this build's time (above 1: this build is faster).\n")
+    print("| shape | G | layout | mode | fwd baseline | fwd this | fwd speed | bwd baseline | bwd this | bwd speed |")
+    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        cells = [_fmt(r[f"{d}_{k}"]) for d in ("fwd", "bwd") for k in ("base_ms", "cynorm_ms")]
+        print(f"| {tuple(r['shape'])} | {r['groups']} | {r['layout']} | {r['mode']} | {cells[0]} | {cells[1]} | "
+              f"{_fmt(r['fwd_vs_base'], 2)} | {cells[2]} | {cells[3]} | {_fmt(r['bwd_vs_base'], 2)} |")
+    for d in ("fwd", "bwd"):
+        for layout in sorted({r["layout"] for r in rows}):
+            v = [r[f"{d}_vs_base"] for r in rows if r["layout"] == layout and r[f"{d}_vs_base"]]
+            if v:
+                print(f"{d} {layout}: vs baseline lowest {min(v):.2f}, geometric mean {_geomean(v):.2f}")
+    print()
 
 
 def _print(rows, meta):
@@ -244,6 +270,8 @@ def _print(rows, meta):
             print(f"| {tuple(r['shape'])} | {r['groups']} | {r['layout']} | {r['mode']} | "
                   + " | ".join(_fmt(c) for c in cells) + " | " + " | ".join(_fmt(c, 2) for c in ratios) + " |")
         print()
+    if meta.get("baseline"):
+        _print_ab(rows)
     for d in ("fwd", "bwd"):
         for layout in sorted({r["layout"] for r in rows}):
             sel = [r for r in rows if r["layout"] == layout]

@@ -188,6 +188,64 @@ def test_special_groups(pair, channel_axis):
         np.testing.assert_allclose(group, wc[n, c0:c0 + 2], atol=0.02 if xd.itemsize == 2 else 1e-4)
     assert np.all(np.isnan(yc[3, 6:8].astype(np.float64)))
     assert not np.any(np.isnan(np.delete(yc.astype(np.float64).reshape(4, C, -1)[3], [6, 7], axis=0)))
+    # in place: a rescued group is redone from its x, which the normalizing pass left alone
+    xi = x.copy()
+    with np.errstate(all="ignore"):
+        got = cynorm.group_norm_forward(xi, G, w, b, channel_axis=channel_axis, out=(xi, None, None))
+    for name, g, e in zip(("y", "mean", "rstd"), got, (y, mean, rstd)):
+        assert_same_bits(g, e, f"{name} in place")
+
+
+def _at_offset(shape, dtype, offset):
+    """An array `offset` bytes past a 64-byte boundary."""
+    dtype = np.dtype(dtype)
+    buf = np.empty(int(np.prod(shape)) * dtype.itemsize + 128, np.uint8)
+    start = (-buf.ctypes.data) % 64 + offset
+    return buf[start:start + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_streamed_channels_last_stores_change_no_bit(isa_level, pair, rng, force_parallel):
+    """Channels-last y and dx stream (non-temporal stores) where the policy streams and
+    each position's channels start a cache line: the same bits as plain stores, into a
+    fresh, an aligned and a misaligned (plain) output and in place, at 1 and 2 threads,
+    and with a rescued group (whose sample's y then takes plain stores)."""
+    xd, pd = pair
+    x, dy, w, b = _inputs(rng, (3, 64, 5, 7), -1, pair)   # 64 channels: whole cache lines of them
+    for name, x in (("plain", x), ("rescued", x.copy())):
+        if name == "rescued":
+            big = {8: 1e200, 2: 1e3 if xd == np.float16 else 1e30}.get(xd.itemsize, 1e30)   # past the accumulators
+            x[1, ..., 8:16] = (x[1, ..., 8:16].astype(np.float64) * big).astype(xd)
+        for T in (1, 2):
+            def streams(backward):
+                return cynorm.explain(x, w, norm="group_norm", num_groups=8, channel_axis=-1, num_threads=T,
+                                      backward=backward)["stream"]
+
+            def both(y, dx, x=x, dy=dy):
+                fwd = cynorm.group_norm_forward(x, 8, w, b, channel_axis=-1, num_threads=T, out=(y, None, None))
+                mean, rstd = want[1:3]   # (x may have been overwritten)
+                return fwd + cynorm.group_norm_backward(dy, x if y is not x else xs, mean, rstd, w, num_groups=8,
+                                                        channel_axis=-1, num_threads=T, out=(dx, None, None))
+            xs = x.copy()
+            want = cynorm.group_norm_forward(x, 8, w, b, channel_axis=-1, num_threads=T)
+            want = want + cynorm.group_norm_backward(dy, x, want[1], want[2], w, num_groups=8, channel_axis=-1,
+                                                     num_threads=T)
+            assert streams(False) is False and streams(True) is False
+            old = _isa.kernels._policy("stream_min_bytes", 0)
+            try:
+                assert streams(False) is True and streams(True) is True
+                for where in ("fresh", "aligned", "misaligned", "in place"):
+                    if where == "in place":
+                        xi, dyi = x.copy(), dy.copy()
+                        got = both(xi, dyi, xi, dyi)
+                    else:
+                        outs = [None if where == "fresh" else _at_offset(x.shape, xd, 0 if where == "aligned"
+                                                                          else xd.itemsize) for _ in range(2)]
+                        got = both(*outs)
+                    for i, (g, e) in enumerate(zip(got, want)):
+                        assert_same_bits(g, e, f"{name}, {where} outputs, {T} threads: output {i}")
+            finally:
+                _isa.kernels._policy("stream_min_bytes", old)
 
 
 @pytest.mark.parametrize("channel_axis", LAYOUTS)

@@ -98,6 +98,7 @@ cdef extern from "cn_policy.h" nogil:
     cn_tunables cn_tunables_for(const cn_tunables *base, const cn_machine *m)
     void cn_machine_update(cn_machine *m)
     int cn_threads_for(const cn_tunables *t, const cn_call *c)
+    int cn_gn_streams(const cn_machine *m, const cn_call *c, int64_t C)
     const char *cn_tunable_name(int i)
     const char *cn_tunable_what(int i)
     int cn_class_of(const cn_call *c, int threads)
@@ -151,6 +152,7 @@ cdef extern from "cn_ops.h" nogil:
         int64_t N, C, S, G
         double eps
         int channels_last
+        int stream
 
     ctypedef struct cn_gn_bwd_args:
         const void *dy
@@ -161,6 +163,7 @@ cdef extern from "cn_ops.h" nogil:
         void *dx
         int64_t N, C, S, G
         int channels_last
+        int stream
 
     ctypedef struct cn_moments:
         double n

@@ -14,6 +14,17 @@ cdef int _gn_threads(const cn_ops *ops, int64_t rows, int64_t L, int64_t units, 
     return <int>_min(T, units) if units > 0 else 1
 
 
+cdef bint _gn_streams(const cn_ops *ops, int64_t N, int64_t C, int64_t S, int64_t G, bint channels_last,
+                     uintptr_t out, int num_threads, bint backward) noexcept nogil:
+    """Whether a channels-last call's y or dx streams (cn_gn_streams); out: its address (0: a fresh one)."""
+    if not channels_last:
+        return False
+    cdef cn_call c
+    _fill_call_rows(&c, ops, N * G, C // G * S, num_threads, False, backward, 1)
+    c.out_addr = out
+    return cn_gn_streams(&MACHINE, &c, C) != 0
+
+
 cdef float *_gn_params(int half, const void **w, const void **b, int64_t C) noexcept nogil:
     """16-bit params widened to float32 (the kernel takes them so); NULL if none or not needed."""
     if not half or (w[0] == NULL and b[0] == NULL):
@@ -59,6 +70,7 @@ cdef int _c_group_forward(const cynorm_group_desc *d, const cynorm_group_fwd_buf
     cdef int64_t units = a.N if a.channels_last else a.N * a.G
     cdef int64_t per = CN_GN_SCRATCH(a.C)
     cdef int T = _gn_threads(ops, a.N * a.G, a.C // a.G * a.S, units, d.num_threads, False, cn_enter_call())
+    a.stream = _gn_streams(ops, a.N, a.C, a.S, a.G, a.channels_last, <uintptr_t>a.y, d.num_threads, False)
     cdef double *scratch = NULL
     cdef int t
     cdef int rc = CYNORM_OK
@@ -70,12 +82,16 @@ cdef int _c_group_forward(const cynorm_group_desc *d, const cynorm_group_fwd_buf
         if T <= 1:
             if a.channels_last:
                 ops.gn_fwd_samples(&a, 0, a.N, scratch)
+                if a.stream:
+                    cn_stream_fence()
             else:
                 ops.gn_fwd_rows(&a, 0, units)
         else:
             for t in prange(T, schedule='static', num_threads=T):
                 if a.channels_last:
                     ops.gn_fwd_samples(&a, (units * t) // T, (units * (t + 1)) // T, scratch + t * per)
+                    if a.stream:
+                        cn_stream_fence()   # make this thread's non-temporal stores visible
                 else:
                     ops.gn_fwd_rows(&a, (units * t) // T, (units * (t + 1)) // T)
     cn_leave_call()
@@ -114,6 +130,7 @@ cdef int _c_group_backward(const cynorm_group_desc *d, const cynorm_group_bwd_bu
     cdef int64_t units = N if a.channels_last else N * a.G
     cdef int64_t per = CN_GN_SCRATCH(C)
     cdef int T = _gn_threads(ops, N * a.G, C // a.G * a.S, units, d.num_threads, True, cn_enter_call())
+    a.stream = _gn_streams(ops, N, C, a.S, a.G, a.channels_last, <uintptr_t>a.dx, d.num_threads, True)
     cdef double *scratch = NULL
     cdef int t
     cdef int rc = CYNORM_OK
@@ -125,12 +142,16 @@ cdef int _c_group_backward(const cynorm_group_desc *d, const cynorm_group_bwd_bu
         if T <= 1:
             if a.channels_last:
                 ops.gn_bwd_samples(&a, 0, N, part, scratch)
+                if a.stream:
+                    cn_stream_fence()
             else:
                 ops.gn_bwd_rows(&a, 0, units, part)
         else:
             for t in prange(T, schedule='static', num_threads=T):
                 if a.channels_last:
                     ops.gn_bwd_samples(&a, (units * t) // T, (units * (t + 1)) // T, part, scratch + t * per)
+                    if a.stream:
+                        cn_stream_fence()   # make this thread's non-temporal stores visible
                 else:
                     ops.gn_bwd_rows(&a, (units * t) // T, (units * (t + 1)) // T, part)
     cn_leave_call()
@@ -259,6 +280,8 @@ def group_explain_call(int pair, int64_t N, int64_t C, int64_t S, int64_t G, bin
     cdef int T = _gn_threads(ops, N * G, C // G * S, units, num_threads, backward, 1)
     cdef cn_call c
     _fill_call_rows(&c, ops, N * G, C // G * S, num_threads, False, backward, 1)
+    # (for a fresh output, aligned; a given one streams only if each position's channels start a cache line)
+    cdef bint stream = _gn_streams(ops, N, C, S, G, channels_last, 0, num_threads, backward)
     return {"threads": T, "class": cn_class_of(&c, T),
             "split": "samples" if channels_last else "rows (sample, group)", "units": units,
-            "scratch_bytes_per_thread": CN_GN_SCRATCH(C) * 8 if channels_last else 0}
+            "scratch_bytes_per_thread": CN_GN_SCRATCH(C) * 8 if channels_last else 0, "stream": bool(stream)}

@@ -247,6 +247,13 @@ cn_policy cn_policy_for(const cn_machine *m, const cn_call *c)
     return p;
 }
 
+/* GroupNorm, channels-last: y streams where a LayerNorm over the same rows
+ * would stream and every position's channels start a cache line. */
+int cn_gn_streams(const cn_machine *m, const cn_call *c, int64_t C)
+{
+    return cn_policy_for(m, c).stream && c->out_addr % 64 == 0 && (C * c->x_size) % 64 == 0;
+}
+
 /* The tunables by name, for _core._policy() (tests, benchmarks/tunables.py, cynorm.tune). */
 #define CN_FIELD(name, dflt, what) {#name, what, offsetof(cn_tunables, name)},
 static const struct { const char *name, *what; size_t offset; } cn_tunable_fields[] = {

@@ -54,6 +54,7 @@ typedef struct {
     int64_t N, C, S, G;
     double eps;
     int channels_last;
+    int stream;          /* channels-last: non-temporal stores for y (cn_gn_streams) */
 } cn_gn_fwd_args;
 
 typedef struct {
@@ -61,6 +62,7 @@ typedef struct {
     void *dx;
     int64_t N, C, S, G;
     int channels_last;
+    int stream;          /* channels-last: non-temporal stores for dx (cn_gn_streams) */
 } cn_gn_bwd_args;
 
 /* Moments of a run of elements relative to the row's pivot P (its first

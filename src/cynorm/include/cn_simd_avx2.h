@@ -15,6 +15,8 @@ typedef struct { __m256 lo, hi; } cn_vf;
 typedef struct { __m256d lo, hi; } cn_vd;
 #define CN_VF_LANES 16
 #define CN_VD_LANES 8
+#define CN_VEC_REGS 2    /* registers a cn_vf or cn_vd takes */
+#define CN_SIMD_REGS 16  /* vector registers there are */
 
 /* Sliding windows: loading at (table + 8 - n) gives a mask of n leading ones. */
 static const int32_t cn_mask32_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};

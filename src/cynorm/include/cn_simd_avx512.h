@@ -14,6 +14,8 @@ typedef __m512 cn_vf;
 typedef __m512d cn_vd;
 #define CN_VF_LANES 16
 #define CN_VD_LANES 8
+#define CN_VEC_REGS 1    /* registers a cn_vf or cn_vd takes */
+#define CN_SIMD_REGS 32  /* vector registers there are */
 
 CN_INLINE __mmask16 cn_mask16(int64_t n) { return (__mmask16)((1u << n) - 1u); }
 CN_INLINE __mmask8 cn_mask8(int64_t n) { return (__mmask8)((1u << n) - 1u); }

@@ -15,6 +15,8 @@
  * target has (SSE2 on x86-64, NEON on arm64, ...). */
 #define CN_VF_LANES 16
 #define CN_VD_LANES 8
+#define CN_VEC_REGS 4    /* registers a cn_vf or cn_vd takes (128-bit ones) */
+#define CN_SIMD_REGS 16  /* vector registers there are (at least) */
 typedef struct { float v[CN_VF_LANES]; } cn_vf;
 typedef struct { double v[CN_VD_LANES]; } cn_vd;
 

@@ -27,6 +27,8 @@ typedef struct { float32x4_t q[4]; } cn_vf;   /* lanes 4k .. 4k + 3 in q[k] */
 typedef struct { float64x2_t q[4]; } cn_vd;   /* lanes 2k, 2k + 1 in q[k] */
 #define CN_VF_LANES 16
 #define CN_VD_LANES 8
+#define CN_VEC_REGS 4    /* registers a cn_vf or cn_vd takes */
+#define CN_SIMD_REGS 32  /* vector registers there are */
 
 #define CN_NEON_ARITH(V, S, SFX)                                                                \
     CN_INLINE V V##_zero(void) { V r; for (int k = 0; k < 4; k++) r.q[k] = vdupq_n_##SFX(0); return r; } \

@@ -13,7 +13,9 @@
  * Channels-first: A_c, B_c are lane sums over the channel's run by the row
  * walker, then the lane-sum tree. Channels-last: per channel lanes, position
  * by position, CN_GN_POSITIONS positions in order, each such run added into
- * double totals (as the forward's moments).
+ * double totals (as the forward's moments); dx the same way, CN_GN_APPLY_TILE
+ * vectors of channels with their scalars in registers, streamed where the
+ * policy says (cn_gn_streams).
  */
 
 /* dx of one vector: rstd * (dy * w - c1 - xhat * c2) */
@@ -95,12 +97,6 @@ static void gn_bwd_rows(const cn_gn_bwd_args *a, int64_t r0, int64_t r1, double 
 
 /* ----------------------------------------- channels-last samples -- */
 
-CN_INLINE vec gn_lanes_of(const xt *p, int64_t n, int64_t s, int64_t S, int64_t C, int64_t c0, int64_t t,
-                          const int full)
-{
-    return load_x_t(p + (n * S + s) * C + c0, t, full);
-}
-
 /* Per-channel A (dy * xhat) and B (dy) over positions [s0, s1) for NV channel
  * vectors from c0 (the last `tail` lanes), added into the double totals; each
  * lane adds its positions in order (the tile's width changes no bit). */
@@ -144,6 +140,48 @@ static void gn_grads(const cn_gn_bwd_args *a, int64_t n, int64_t s0, int64_t s1,
 #undef TILE
 }
 
+/* dx at positions [s0, s1) of NV channel vectors from c0 (the last `tail`
+ * lanes), the tile's per-channel scalars (mean, rstd, weight, c1, c2) held in
+ * registers across the positions. */
+CN_INLINE void gn_tile_dx(const cn_gn_bwd_args *a, int64_t n, int64_t s0, int64_t s1, int64_t c0, const int NV,
+                          int64_t tail, const int tail_full, const at *mv, const at *rv, const at *c1v,
+                          const at *c2v, const int has_w)
+{
+    const pt *w = (const pt *)a->w;
+    vec M[CN_GN_TILE], R[CN_GN_TILE], W[CN_GN_TILE], C1[CN_GN_TILE], C2[CN_GN_TILE];
+    int k;
+#define FULL(k) ((k) < NV - 1 || tail_full)
+#define LANES(k) (FULL(k) ? VL : tail)
+    CN_UNROLL for (k = 0; k < NV; k++) {
+        const int64_t c = c0 + k * VL;
+        M[k] = load_a_t(mv + c, LANES(k), FULL(k));
+        R[k] = load_a_t(rv + c, LANES(k), FULL(k));
+        W[k] = has_w ? load_p_t(w + c, LANES(k), FULL(k)) : VOP(set1)((at)1);
+        C1[k] = load_a_t(c1v + c, LANES(k), FULL(k));
+        C2[k] = load_a_t(c2v + c, LANES(k), FULL(k));
+    }
+    const int64_t first = (n * a->S + s0) * a->C + c0;
+    const xt *x = (const xt *)a->x + first, *dy = (const xt *)a->dy + first;
+    xt *dx = (xt *)a->dx + first;
+    for (int64_t s = s0; s < s1; s++, x += a->C, dy += a->C, dx += a->C) {
+        CN_UNROLL for (k = 0; k < NV; k++) {
+            const vec v = gn_dx_vec(load_x_t(dy + k * VL, LANES(k), FULL(k)), load_x_t(x + k * VL, LANES(k), FULL(k)),
+                                    M[k], R[k], W[k], C1[k], C2[k], has_w);
+            store_x_t(dx + k * VL, v, LANES(k), FULL(k), a->stream);
+        }
+    }
+#undef FULL
+#undef LANES
+}
+
+static void gn_dx(const cn_gn_bwd_args *a, int64_t n, int64_t s0, int64_t s1, const at *mv, const at *rv,
+                  const at *c1v, const at *c2v, const int has_w)
+{
+#define TILE(c0, NV, tail, tail_full) gn_tile_dx(a, n, s0, s1, c0, NV, tail, tail_full, mv, rv, c1v, c2v, has_w)
+    CN_GN_FOR_TILES_OF(a->C, CN_GN_APPLY_TILE, TILE)
+#undef TILE
+}
+
 /* Channels-last sample n: its part (2*C doubles) and dx. scratch: CN_GN_SCRATCH(C) doubles. */
 CN_INLINE void gn_bwd_sample_impl(const cn_gn_bwd_args *a, int64_t n, double *part, double *scratch, const int has_w)
 {
@@ -151,7 +189,7 @@ CN_INLINE void gn_bwd_sample_impl(const cn_gn_bwd_args *a, int64_t n, double *pa
     const pt *w = (const pt *)a->w;
     at *mv = (at *)scratch, *rv = mv + C, *c1v = mv + 2 * C, *c2v = mv + 3 * C;   /* per channel */
     double *A = part + n * 2 * C, *B = A + C;
-    int64_t c, c0, s0, k, g;
+    int64_t c, s0, k, g;
     for (c = 0; c < C; c++) {
         mv[c] = ((const at *)a->mean)[n * G + c / Cg];
         rv[c] = ((const at *)a->rstd)[n * G + c / Cg];
@@ -172,23 +210,9 @@ CN_INLINE void gn_bwd_sample_impl(const cn_gn_bwd_args *a, int64_t n, double *pa
             c2v[g * Cg + k] = (at)(s2 / (double)L);
         }
     }
-    /* dx, position by position */
-    const vec one = VOP(set1)((at)1);
-    const int64_t full_end = C - C % VL;
-    for (s0 = 0; s0 < S; s0++) {
-        const int64_t off = (n * S + s0) * C;
-        const xt *xr = (const xt *)a->x + off, *dyr = (const xt *)a->dy + off;
-        xt *dxr = (xt *)a->dx + off;
-#define DX(c0, t, full)                                                                                       \
-        store_x_t(dxr + (c0), gn_dx_vec(load_x_t(dyr + (c0), t, full), load_x_t(xr + (c0), t, full),           \
-                                        load_a_t(mv + (c0), t, full), load_a_t(rv + (c0), t, full),           \
-                                        has_w ? load_p_t(w + (c0), t, full) : one,                            \
-                                        load_a_t(c1v + (c0), t, full), load_a_t(c2v + (c0), t, full), has_w), \
-                  t, full, 0)
-        for (c0 = 0; c0 < full_end; c0 += VL) DX(c0, VL, 1);
-        if (full_end < C) DX(full_end, C - full_end, 0);
-#undef DX
-    }
+    /* dx, CN_GN_POSITIONS positions by a tile of channels at a time */
+    for (s0 = 0; s0 < S; s0 += CN_GN_POSITIONS)
+        gn_dx(a, n, s0, s0 + CN_GN_POSITIONS < S ? s0 + CN_GN_POSITIONS : S, mv, rv, c1v, c2v, has_w);
 }
 
 /* Channels-last samples [n0, n1): dx and part. scratch: CN_GN_SCRATCH(C) doubles. */

@@ -18,8 +18,12 @@
  * totals. A
  * channel whose pivot is too far from its mean for that (cn_onepass_accepts)
  * is redone by a two-pass in double. Channel moments merge into their group's
- * in channel order. A lane's arithmetic never depends on the other lanes, so
- * the bits do not depend on the vector width, the level or the thread count.
+ * in channel order. The normalizing pass walks the same way, CN_GN_APPLY_TILE
+ * vectors of channels with their scalars in registers, streaming y where the
+ * policy says (cn_gn_streams); groups to be rescued are left alone there and
+ * redone from x after (y may be x). A lane's arithmetic never depends on the
+ * other lanes, so the bits do not depend on the vector width, the level, the
+ * tile or the thread count.
  *
  * Rows beyond the accumulator's range are redone in double (gn_rescue), as
  * LayerNorm's rows are.
@@ -239,10 +243,62 @@ static void gn_channel_twopass(const cn_gn_fwd_args *a, int64_t n, int64_t c, do
     *m2 = q;
 }
 
+/* y at positions [s0, s1) of NV channel vectors from c0 (the last one `tail`
+ * lanes; tail_full: it is full), the tile's per-channel scalars (mean_hi,
+ * rstd, lr, weight, bias) held in registers across the positions. */
+CN_INLINE void gn_tile_apply(const cn_gn_fwd_args *a, int64_t n, int64_t s0, int64_t s1, int64_t c0, const int NV,
+                             int64_t tail, const int tail_full, const at *mh, const at *rs, const at *lr,
+                             const int stream, const int has_w, const int has_b)
+{
+    const pt *w = (const pt *)a->w, *b = (const pt *)a->b;
+    vec MH[CN_GN_TILE], R[CN_GN_TILE], LR[CN_GN_TILE], W[CN_GN_TILE], B[CN_GN_TILE];
+    int k;
+#define FULL(k) ((k) < NV - 1 || tail_full)
+#define LANES(k) (FULL(k) ? VL : tail)
+    CN_UNROLL for (k = 0; k < NV; k++) {
+        const int64_t c = c0 + k * VL;
+        MH[k] = load_a_t(mh + c, LANES(k), FULL(k));
+        R[k] = load_a_t(rs + c, LANES(k), FULL(k));
+        LR[k] = load_a_t(lr + c, LANES(k), FULL(k));
+        W[k] = has_w ? load_p_t(w + c, LANES(k), FULL(k)) : VOP(set1)((at)1);
+        B[k] = has_b ? load_p_t(b + c, LANES(k), FULL(k)) : VOP(zero)();
+    }
+    const int64_t first = (n * a->S + s0) * a->C + c0;
+    const xt *xr = (const xt *)a->x + first;
+    xt *yr = (xt *)a->y + first;
+    for (int64_t s = s0; s < s1; s++, xr += a->C, yr += a->C) {
+        CN_UNROLL for (k = 0; k < NV; k++) {
+            const vec v = load_x_t(xr + k * VL, LANES(k), FULL(k));
+            store_x_t(yr + k * VL, gn_vec(v, MH[k], R[k], LR[k], W[k], B[k], has_w, has_b), LANES(k), FULL(k), stream);
+        }
+    }
+#undef FULL
+#undef LANES
+}
+
+/* gn_tile_apply over the channels of every run of groups not to be rescued,
+ * CN_GN_APPLY_TILE vectors at a time (a rescued group's x stays as it was, for
+ * gn_rescue: y may be x). stream: only where no group is rescued (the runs
+ * then start at channel 0, so every vector a cache line's). */
+CN_INLINE void gn_apply(const cn_gn_fwd_args *a, int64_t n, int64_t s0, int64_t s1, const unsigned char *rescue,
+                        const at *mh, const at *rs, const at *lr, const int stream, const int has_w, const int has_b)
+{
+    const int64_t G = a->G, Cg = a->C / G;
+    for (int64_t ga = 0, gb; ga < G; ga = gb) {
+        for (; ga < G && rescue[ga]; ga++) {}
+        for (gb = ga; gb < G && !rescue[gb]; gb++) {}
+        const int64_t ca = ga * Cg;
+#define TILE(c0, NV, tail, tail_full)                                                                     \
+        gn_tile_apply(a, n, s0, s1, ca + (c0), NV, tail, tail_full, mh, rs, lr, stream, has_w, has_b)
+        CN_GN_FOR_TILES_OF(gb * Cg - ca, CN_GN_APPLY_TILE, TILE)
+#undef TILE
+    }
+}
+
 /* Channels-last sample n, whole. scratch: CN_GN_SCRATCH(C) doubles. */
 CN_INLINE void gn_sample_impl(const cn_gn_fwd_args *a, int64_t n, double *scratch, const int has_w, const int has_b)
 {
-    const int64_t C = a->C, S = a->S, G = a->G, Cg = C / G;
+    const int64_t C = a->C, S = a->S, Cg = C / a->G;
     const int64_t head = S < CN_GN_HEAD ? S : CN_GN_HEAD;
     double *ssum = scratch, *qsum = scratch + C;
     at *piv = (at *)(scratch + 2 * C);                  /* per channel: pivot, then mean_hi, lr, rstd */
@@ -263,9 +319,10 @@ CN_INLINE void gn_sample_impl(const cn_gn_fwd_args *a, int64_t n, double *scratc
     /* one pass: per channel, sums about the pivot, CN_GN_POSITIONS positions at a time */
     for (s0 = 0; s0 < S; s0 += CN_GN_POSITIONS)
         gn_sums(a, n, s0, s0 + CN_GN_POSITIONS < S ? s0 + CN_GN_POSITIONS : S, piv, ssum, qsum);
-    /* per group: channel moments about the group's pivot (its first channel's),
-     * merged in channel order; then the row's scalars, spread over its channels */
-    for (int64_t g = 0; g < G; g++) {
+    /* per group: channel moments about the group's pivot (its first
+     * channel's), merged in channel order; then the row's scalars, spread
+     * over its channels */
+    for (int64_t g = 0; g < a->G; g++) {
         const at gp = piv[g * Cg];
         cn_moments tot = {0.0, 0.0, 0.0}, m;
         for (k = 0; k < Cg; k++) {
@@ -285,24 +342,14 @@ CN_INLINE void gn_sample_impl(const cn_gn_fwd_args *a, int64_t n, double *scratc
         any_rescued |= rescue[g];
         for (k = 0; k < Cg; k++) { mh[g * Cg + k] = h; lr[g * Cg + k] = l; rs[g * Cg + k] = r; }
     }
-    /* normalize, position by position; rescued groups are redone after */
-    const pt *w = (const pt *)a->w, *b = (const pt *)a->b;
-    const vec one = VOP(set1)((at)1), zero = VOP(zero)();
-    const int64_t full_end = C - C % VL;
-    for (s0 = 0; s0 < S; s0++) {
-        const xt *xr = (const xt *)a->x + (n * S + s0) * C;
-        xt *yr = (xt *)a->y + (n * S + s0) * C;
-#define APPLY(c0, t, full)                                                                                    \
-        store_x_t(yr + (c0), gn_vec(load_x_t(xr + (c0), t, full), load_a_t(mh + (c0), t, full),               \
-                                    load_a_t(rs + (c0), t, full), load_a_t(lr + (c0), t, full),               \
-                                    has_w ? load_p_t(w + (c0), t, full) : one,                                \
-                                    has_b ? load_p_t(b + (c0), t, full) : zero, has_w, has_b), t, full, 0)
-        for (c0 = 0; c0 < full_end; c0 += VL) APPLY(c0, VL, 1);
-        if (full_end < C) APPLY(full_end, C - full_end, 0);
-#undef APPLY
-    }
+    /* normalize, CN_GN_POSITIONS positions by a tile of channels at a time;
+     * rescued groups are redone after */
+    const int stream = a->stream && !any_rescued;
+    for (s0 = 0; s0 < S; s0 += CN_GN_POSITIONS)
+        gn_apply(a, n, s0, s0 + CN_GN_POSITIONS < S ? s0 + CN_GN_POSITIONS : S, rescue, mh, rs, lr, stream, has_w,
+                 has_b);
     if (CN_UNLIKELY(any_rescued))
-        for (int64_t g = 0; g < G; g++)
+        for (int64_t g = 0; g < a->G; g++)
             if (rescue[g]) gn_rescue(a, n, g);
 }
 
