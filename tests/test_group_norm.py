@@ -204,36 +204,41 @@ def _at_offset(shape, dtype, offset):
     return buf[start:start + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
 
 
+@pytest.mark.parametrize("channel_axis", LAYOUTS)
 @pytest.mark.parametrize("pair", PAIRS)
-def test_streamed_channels_last_stores_change_no_bit(isa_level, pair, rng, force_parallel):
-    """Channels-last y and dx stream (non-temporal stores) where the policy streams and
-    each position's channels start a cache line: the same bits as plain stores, into a
-    fresh, an aligned and a misaligned (plain) output and in place, at 1 and 2 threads,
-    and with a rescued group (whose sample's y then takes plain stores)."""
+def test_streamed_stores_change_no_bit(isa_level, pair, channel_axis, rng, force_parallel):
+    """y (both layouts) and dx (channels-last) stream, non-temporal stores, where the
+    policy streams and each channel's run (channels-first) or position's channels
+    (channels-last) starts a cache line: the same bits as plain stores, into a fresh, an
+    aligned and a misaligned (plain) output and in place, at 1 and 2 threads, and with a
+    rescued group (channels-last: its sample's y then takes plain stores)."""
     xd, pd = pair
-    x, dy, w, b = _inputs(rng, (3, 64, 5, 7), -1, pair)   # 64 channels: whole cache lines of them
+    x, dy, w, b = _inputs(rng, (3, 64, 4, 8), channel_axis, pair)   # 64 channels, 32 positions: whole lines
     for name, x in (("plain", x), ("rescued", x.copy())):
         if name == "rescued":
             big = {8: 1e200, 2: 1e3 if xd == np.float16 else 1e30}.get(xd.itemsize, 1e30)   # past the accumulators
-            x[1, ..., 8:16] = (x[1, ..., 8:16].astype(np.float64) * big).astype(xd)
+            group = (1, Ellipsis, slice(8, 16)) if channel_axis == -1 else (1, slice(8, 16))
+            x[group] = (x[group].astype(np.float64) * big).astype(xd)
         for T in (1, 2):
             def streams(backward):
-                return cynorm.explain(x, w, norm="group_norm", num_groups=8, channel_axis=-1, num_threads=T,
-                                      backward=backward)["stream"]
+                return cynorm.explain(x, w, norm="group_norm", num_groups=8, channel_axis=channel_axis,
+                                      num_threads=T, backward=backward)["stream"]
 
             def both(y, dx, x=x, dy=dy):
-                fwd = cynorm.group_norm_forward(x, 8, w, b, channel_axis=-1, num_threads=T, out=(y, None, None))
+                fwd = cynorm.group_norm_forward(x, 8, w, b, channel_axis=channel_axis, num_threads=T,
+                                                out=(y, None, None))
                 mean, rstd = want[1:3]   # (x may have been overwritten)
                 return fwd + cynorm.group_norm_backward(dy, x if y is not x else xs, mean, rstd, w, num_groups=8,
-                                                        channel_axis=-1, num_threads=T, out=(dx, None, None))
+                                                        channel_axis=channel_axis, num_threads=T,
+                                                        out=(dx, None, None))
             xs = x.copy()
-            want = cynorm.group_norm_forward(x, 8, w, b, channel_axis=-1, num_threads=T)
-            want = want + cynorm.group_norm_backward(dy, x, want[1], want[2], w, num_groups=8, channel_axis=-1,
-                                                     num_threads=T)
+            want = cynorm.group_norm_forward(x, 8, w, b, channel_axis=channel_axis, num_threads=T)
+            want = want + cynorm.group_norm_backward(dy, x, want[1], want[2], w, num_groups=8,
+                                                     channel_axis=channel_axis, num_threads=T)
             assert streams(False) is False and streams(True) is False
             old = _isa.kernels._policy("stream_min_bytes", 0)
             try:
-                assert streams(False) is True and streams(True) is True
+                assert streams(False) is True and streams(True) is (channel_axis == -1)
                 for where in ("fresh", "aligned", "misaligned", "in place"):
                     if where == "in place":
                         xi, dyi = x.copy(), dy.copy()

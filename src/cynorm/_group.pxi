@@ -16,13 +16,14 @@ cdef int _gn_threads(const cn_ops *ops, int64_t rows, int64_t L, int64_t units, 
 
 cdef bint _gn_streams(const cn_ops *ops, int64_t N, int64_t C, int64_t S, int64_t G, bint channels_last,
                      uintptr_t out, int num_threads, bint backward) noexcept nogil:
-    """Whether a channels-last call's y or dx streams (cn_gn_streams); out: its address (0: a fresh one)."""
-    if not channels_last:
+    """Whether a call's y (both layouts) or dx (channels-last) streams (cn_gn_streams); out: its
+    address (0: a fresh one)."""
+    if backward and not channels_last:
         return False
     cdef cn_call c
     _fill_call_rows(&c, ops, N * G, C // G * S, num_threads, False, backward, 1)
     c.out_addr = out
-    return cn_gn_streams(&MACHINE, &c, C) != 0
+    return cn_gn_streams(&MACHINE, &c, C if channels_last else S) != 0
 
 
 cdef float *_gn_params(int half, const void **w, const void **b, int64_t C) noexcept nogil:
@@ -82,18 +83,18 @@ cdef int _c_group_forward(const cynorm_group_desc *d, const cynorm_group_fwd_buf
         if T <= 1:
             if a.channels_last:
                 ops.gn_fwd_samples(&a, 0, a.N, scratch)
-                if a.stream:
-                    cn_stream_fence()
             else:
                 ops.gn_fwd_rows(&a, 0, units)
+            if a.stream:
+                cn_stream_fence()
         else:
             for t in prange(T, schedule='static', num_threads=T):
                 if a.channels_last:
                     ops.gn_fwd_samples(&a, (units * t) // T, (units * (t + 1)) // T, scratch + t * per)
-                    if a.stream:
-                        cn_stream_fence()   # make this thread's non-temporal stores visible
                 else:
                     ops.gn_fwd_rows(&a, (units * t) // T, (units * (t + 1)) // T)
+                if a.stream:
+                    cn_stream_fence()   # make this thread's non-temporal stores visible
     cn_leave_call()
     free(scratch)
     free(wide)
@@ -280,7 +281,7 @@ def group_explain_call(int pair, int64_t N, int64_t C, int64_t S, int64_t G, bin
     cdef int T = _gn_threads(ops, N * G, C // G * S, units, num_threads, backward, 1)
     cdef cn_call c
     _fill_call_rows(&c, ops, N * G, C // G * S, num_threads, False, backward, 1)
-    # (for a fresh output, aligned; a given one streams only if each position's channels start a cache line)
+    # (for a fresh output, aligned; a given one streams only if each run of y or dx starts a cache line)
     cdef bint stream = _gn_streams(ops, N, C, S, G, channels_last, 0, num_threads, backward)
     return {"threads": T, "class": cn_class_of(&c, T),
             "split": "samples" if channels_last else "rows (sample, group)", "units": units,

@@ -247,11 +247,12 @@ cn_policy cn_policy_for(const cn_machine *m, const cn_call *c)
     return p;
 }
 
-/* GroupNorm, channels-last: y streams where a LayerNorm over the same rows
- * would stream and every position's channels start a cache line. */
-int cn_gn_streams(const cn_machine *m, const cn_call *c, int64_t C)
+/* GroupNorm: y (dx) streams where a LayerNorm over the same rows would
+ * stream and every channel's run (channels-first: S elements) or every
+ * position's channels (channels-last: C) starts a cache line. */
+int cn_gn_streams(const cn_machine *m, const cn_call *c, int64_t run)
 {
-    return cn_policy_for(m, c).stream && c->out_addr % 64 == 0 && (C * c->x_size) % 64 == 0;
+    return cn_policy_for(m, c).stream && c->out_addr % 64 == 0 && (run * c->x_size) % 64 == 0;
 }
 
 /* The tunables by name, for _core._policy() (tests, benchmarks/tunables.py, cynorm.tune). */

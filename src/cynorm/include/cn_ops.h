@@ -54,7 +54,7 @@ typedef struct {
     int64_t N, C, S, G;
     double eps;
     int channels_last;
-    int stream;          /* channels-last: non-temporal stores for y (cn_gn_streams) */
+    int stream;          /* non-temporal stores for y (cn_gn_streams) */
 } cn_gn_fwd_args;
 
 typedef struct {

@@ -9,7 +9,8 @@
  * Channels-first: a row is contiguous, so its moments are exactly LayerNorm's
  * (chunk moments of CN_CHUNK elements merged left to right, cn_rowmath.h), and
  * it is normalized channel run by channel run (S elements, one weight and bias)
- * with the row walker, from cache, while the next row is fetched into L2.
+ * with the row walker, from cache, while the next row is fetched into L2 (y
+ * streamed where the policy says, cn_gn_streams).
  *
  * Channels-last: a sample's block is walked position by position, the lanes
  * being channels (CN_GN_TILE vectors of them at a time): per channel, one-pass
@@ -126,17 +127,18 @@ static int gn_finish(const cn_gn_fwd_args *a, int64_t n, int64_t g, at pivot, co
 /* ---------------------------------------------- channels-first rows -- */
 
 /* One channel's run of S elements: y from x with scalar weight/bias, while
- * the same stretch of pf (the next row) goes into L2 (NULL: none). */
+ * the same stretch of pf (the next row) goes into L2 (NULL: none); stream:
+ * non-temporal stores (y's runs then start cache lines: cn_gn_streams). */
 CN_INLINE void gn_run(const xt *x, xt *y, int64_t S, vec MH, vec R, vec LR, vec W, vec B, const int has_w,
-                      const int has_b, const xt *pf)
+                      const int has_b, const xt *pf, const int stream)
 {
 #define GV(j, t, full) gn_vec(load_x_t(x + (j), t, full), MH, R, LR, W, B, has_w, has_b)
-#define STEP(j, t, full, s) store_x_t(y + (j), GV(j, t, full), t, full, 0)
+#define STEP(j, t, full, s) store_x_t(y + (j), GV(j, t, full), t, full, stream)
 #define STEP2(j)                                                                                \
     {                                                                                           \
         if (pf) { cn_prefetch_l2(pf + (j)); cn_prefetch_l2(pf + (j) + VL); }                    \
         const vec o0_ = GV(j, VL, 1), o1_ = GV((j) + VL, VL, 1);                                \
-        store_x2(y + (j), o0_, o1_, 0);                                                         \
+        store_x2(y + (j), o0_, o1_, stream);                                                    \
     }
     CN_WALK(S, 0, 2, STEP2, STEP);
 #undef GV
@@ -166,7 +168,7 @@ CN_INLINE void gn_rows_impl(const cn_gn_fwd_args *a, int64_t r0, int64_t r1, con
         for (int64_t k = 0; k < Cg; k++) {
             const int64_t c = g * Cg + k;
             gn_run(x + k * S, y + k * S, S, MH, R, LR, has_w ? VOP(set1)(w[c]) : one, has_b ? VOP(set1)(b[c]) : zero,
-                   has_w, has_b, r + 1 < r1 ? x + L + k * S : NULL);
+                   has_w, has_b, r + 1 < r1 ? x + L + k * S : NULL, a->stream);
         }
     }
 }
