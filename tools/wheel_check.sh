@@ -86,7 +86,9 @@ aw show "$WORK"/dist/cynorm-*.whl
 aw repair ${PLAT[@]+"${PLAT[@]}"} "$WORK"/dist/cynorm-*.whl -w "$OUT"
 WHEEL=$(ls -t "$OUT"/cynorm-*manylinux*.whl | head -1)
 echo "repaired: $(basename "$WHEEL")"
-unzip -l "$WHEEL" | grep -q 'cynorm.libs/libgomp' || { echo "the wheel does not vendor libgomp" >&2; exit 1; }
+# (the listing first: with pipefail, `unzip | grep -q` fails whenever grep quits before unzip has written all)
+LISTING=$(unzip -l "$WHEEL")
+grep -q 'cynorm.libs/libgomp' <<<"$LISTING" || { echo "the wheel does not vendor libgomp" >&2; exit 1; }
 aw show "$WHEEL"
 "$T/python" "$ROOT/tools/wheel_abi.py" "$WHEEL"
 
