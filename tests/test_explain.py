@@ -124,7 +124,9 @@ def test_group_norm_explain_errors():
         cynorm.explain(x, norm="group_norm", num_groups=4)
     with pytest.raises(ValueError, match=r"\(C,\)"):
         cynorm.explain(x, np.ones(4, np.float32), norm="group_norm", num_groups=3)
-    with pytest.raises(ValueError, match="out="):
-        cynorm.explain(x, norm="group_norm", num_groups=3, out=np.empty_like(x))
+    with pytest.raises(ValueError, match="shape"):
+        cynorm.explain(x, norm="group_norm", num_groups=3, out=np.empty((2, 6, 5), np.float32))
+    with pytest.raises(ValueError, match="3 entries"):
+        cynorm.explain(x, norm="group_norm", num_groups=3, out=(np.empty_like(x),))
     with pytest.raises(ValueError, match="group_norm"):
         cynorm.explain(x, norm="batch_norm")

@@ -207,22 +207,24 @@ def _at_offset(shape, dtype, offset):
 @pytest.mark.parametrize("channel_axis", LAYOUTS)
 @pytest.mark.parametrize("pair", PAIRS)
 def test_streamed_stores_change_no_bit(isa_level, pair, channel_axis, rng, force_parallel):
-    """y (both layouts) and dx (channels-last) stream, non-temporal stores, where the
-    policy streams and each channel's run (channels-first) or position's channels
-    (channels-last) starts a cache line: the same bits as plain stores, into a fresh, an
-    aligned and a misaligned (plain) output and in place, at 1 and 2 threads, and with a
-    rescued group (channels-last: its sample's y then takes plain stores)."""
+    """y and dx stream, non-temporal stores, where the policy streams and every channel's
+    run (channels-first) or position's channels (channels-last) starts at the same place in
+    a cache line, element-aligned (16-bit: on a 16-byte boundary), the stores before the
+    first aligned vector plain: the same bits as plain stores, into a fresh, an aligned, a
+    16-byte-off (NumPy's usual) and a one-element-off output and in place, at 1 and 2
+    threads, and with a rescued group (channels-last: its sample's y then takes plain stores)."""
     xd, pd = pair
-    x, dy, w, b = _inputs(rng, (3, 64, 4, 8), channel_axis, pair)   # 64 channels, 32 positions: whole lines
+    x, dy, w, b = _inputs(rng, (3, 64, 8, 12), channel_axis, pair)   # 64 channels, 96 positions: whole lines
+    offsets = {"aligned": 0, "16 bytes off": 16, "one element off": xd.itemsize}
     for name, x in (("plain", x), ("rescued", x.copy())):
         if name == "rescued":
             big = {8: 1e200, 2: 1e3 if xd == np.float16 else 1e30}.get(xd.itemsize, 1e30)   # past the accumulators
             group = (1, Ellipsis, slice(8, 16)) if channel_axis == -1 else (1, slice(8, 16))
             x[group] = (x[group].astype(np.float64) * big).astype(xd)
         for T in (1, 2):
-            def streams(backward):
+            def streams(backward, out=None):
                 return cynorm.explain(x, w, norm="group_norm", num_groups=8, channel_axis=channel_axis,
-                                      num_threads=T, backward=backward)["stream"]
+                                      num_threads=T, backward=backward, out=out)["stream"]
 
             def both(y, dx, x=x, dy=dy):
                 fwd = cynorm.group_norm_forward(x, 8, w, b, channel_axis=channel_axis, num_threads=T,
@@ -238,14 +240,16 @@ def test_streamed_stores_change_no_bit(isa_level, pair, channel_axis, rng, force
             assert streams(False) is False and streams(True) is False
             old = _isa.kernels._policy("stream_min_bytes", 0)
             try:
-                assert streams(False) is True and streams(True) is (channel_axis == -1)
-                for where in ("fresh", "aligned", "misaligned", "in place"):
+                assert streams(False) is True and streams(True) is True
+                for where in ("fresh", *offsets, "in place"):
                     if where == "in place":
                         xi, dyi = x.copy(), dy.copy()
+                        assert streams(False, xi) and streams(True, (dyi, None, None))
                         got = both(xi, dyi, xi, dyi)
                     else:
-                        outs = [None if where == "fresh" else _at_offset(x.shape, xd, 0 if where == "aligned"
-                                                                          else xd.itemsize) for _ in range(2)]
+                        outs = [None if where == "fresh" else _at_offset(x.shape, xd, offsets[where]) for _ in range(2)]
+                        expected = where != "one element off" or xd.itemsize != 2
+                        assert streams(False, outs[0]) is expected and streams(True, (outs[1], None, None)) is expected
                         got = both(*outs)
                     for i, (g, e) in enumerate(zip(got, want)):
                         assert_same_bits(g, e, f"{name}, {where} outputs, {T} threads: output {i}")

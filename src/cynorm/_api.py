@@ -323,12 +323,9 @@ def explain(x, weight=None, *, axis=-1, num_threads=None, norm="layer_norm", bac
     which tunables came from measurement and which from the defaults.
     """
     if norm == "group_norm":
-        if out is not None:
-            raise ValueError("cynorm: explain(norm='group_norm') takes no out= (GroupNorm writes its "
-                             "outputs the same way whether given or new)")
         from . import _group
         return _group.explain(x, num_groups, weight, channel_axis=channel_axis, num_threads=num_threads,
-                              backward=backward)
+                              backward=backward, out=out)
     if norm not in ("layer_norm", "rms_norm"):
         raise ValueError(f"cynorm: norm must be 'layer_norm', 'rms_norm' or 'group_norm', got {norm!r}")
     x = _input(x, "x")

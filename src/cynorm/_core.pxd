@@ -98,7 +98,7 @@ cdef extern from "cn_policy.h" nogil:
     cn_tunables cn_tunables_for(const cn_tunables *base, const cn_machine *m)
     void cn_machine_update(cn_machine *m)
     int cn_threads_for(const cn_tunables *t, const cn_call *c)
-    int cn_gn_streams(const cn_machine *m, const cn_call *c, int64_t run)
+    int cn_gn_streams(const cn_policy *p, const cn_call *c, int64_t run)
     const char *cn_tunable_name(int i)
     const char *cn_tunable_what(int i)
     int cn_class_of(const cn_call *c, int threads)

@@ -5,25 +5,18 @@
 # (cn_policy_for), as a LayerNorm call over the same rows would get it.
 
 
-cdef int _gn_threads(const cn_ops *ops, int64_t rows, int64_t L, int64_t units, int num_threads,
-                     bint backward, int in_flight) noexcept nogil:
-    """The policy's thread count for LayerNorm over these rows, at most `units` (the work's pieces)."""
+cdef int _gn_plan(const cn_ops *ops, int64_t N, int64_t C, int64_t S, int64_t G, bint channels_last,
+                  uintptr_t out, int num_threads, bint backward, int in_flight, int *stream) noexcept nogil:
+    """A call's thread count, from the policy of LayerNorm over the same (sample, group) rows
+    and at most its units (samples channels-last, rows channels-first), and in stream[0]
+    whether its y or dx streams (cn_gn_streams); out: that output's address (0: a fresh one)."""
     cdef cn_call c
-    _fill_call_rows(&c, ops, rows, L, num_threads, False, backward, in_flight)
-    cdef int T = cn_policy_for(&MACHINE, &c).threads
-    return <int>_min(T, units) if units > 0 else 1
-
-
-cdef bint _gn_streams(const cn_ops *ops, int64_t N, int64_t C, int64_t S, int64_t G, bint channels_last,
-                     uintptr_t out, int num_threads, bint backward) noexcept nogil:
-    """Whether a call's y (both layouts) or dx (channels-last) streams (cn_gn_streams); out: its
-    address (0: a fresh one)."""
-    if backward and not channels_last:
-        return False
-    cdef cn_call c
-    _fill_call_rows(&c, ops, N * G, C // G * S, num_threads, False, backward, 1)
+    _fill_call_rows(&c, ops, N * G, C // G * S, num_threads, False, backward, in_flight)
     c.out_addr = out
-    return cn_gn_streams(&MACHINE, &c, C if channels_last else S) != 0
+    cdef cn_policy p = cn_policy_for(&MACHINE, &c)
+    stream[0] = cn_gn_streams(&p, &c, C if channels_last else S)
+    cdef int64_t units = N if channels_last else N * G
+    return <int>_min(p.threads, units) if units > 0 else 1
 
 
 cdef float *_gn_params(int half, const void **w, const void **b, int64_t C) noexcept nogil:
@@ -70,8 +63,8 @@ cdef int _c_group_forward(const cynorm_group_desc *d, const cynorm_group_fwd_buf
         return CYNORM_ENOMEM
     cdef int64_t units = a.N if a.channels_last else a.N * a.G
     cdef int64_t per = CN_GN_SCRATCH(a.C)
-    cdef int T = _gn_threads(ops, a.N * a.G, a.C // a.G * a.S, units, d.num_threads, False, cn_enter_call())
-    a.stream = _gn_streams(ops, a.N, a.C, a.S, a.G, a.channels_last, <uintptr_t>a.y, d.num_threads, False)
+    cdef int T = _gn_plan(ops, a.N, a.C, a.S, a.G, a.channels_last, <uintptr_t>a.y, d.num_threads, False,
+                          cn_enter_call(), &a.stream)
     cdef double *scratch = NULL
     cdef int t
     cdef int rc = CYNORM_OK
@@ -130,8 +123,8 @@ cdef int _c_group_backward(const cynorm_group_desc *d, const cynorm_group_bwd_bu
         part = <double *>malloc((N if N > 0 else 1) * 2 * C * sizeof(double))
     cdef int64_t units = N if a.channels_last else N * a.G
     cdef int64_t per = CN_GN_SCRATCH(C)
-    cdef int T = _gn_threads(ops, N * a.G, C // a.G * a.S, units, d.num_threads, True, cn_enter_call())
-    a.stream = _gn_streams(ops, N, C, a.S, a.G, a.channels_last, <uintptr_t>a.dx, d.num_threads, True)
+    cdef int T = _gn_plan(ops, N, C, a.S, a.G, a.channels_last, <uintptr_t>a.dx, d.num_threads, True,
+                          cn_enter_call(), &a.stream)
     cdef double *scratch = NULL
     cdef int t
     cdef int rc = CYNORM_OK
@@ -143,18 +136,18 @@ cdef int _c_group_backward(const cynorm_group_desc *d, const cynorm_group_bwd_bu
         if T <= 1:
             if a.channels_last:
                 ops.gn_bwd_samples(&a, 0, N, part, scratch)
-                if a.stream:
-                    cn_stream_fence()
             else:
                 ops.gn_bwd_rows(&a, 0, units, part)
+            if a.stream:
+                cn_stream_fence()
         else:
             for t in prange(T, schedule='static', num_threads=T):
                 if a.channels_last:
                     ops.gn_bwd_samples(&a, (units * t) // T, (units * (t + 1)) // T, part, scratch + t * per)
-                    if a.stream:
-                        cn_stream_fence()   # make this thread's non-temporal stores visible
                 else:
                     ops.gn_bwd_rows(&a, (units * t) // T, (units * (t + 1)) // T, part)
+                if a.stream:
+                    cn_stream_fence()   # make this thread's non-temporal stores visible
     cn_leave_call()
     if rc == CYNORM_OK and b.dweight != NULL:
         _group_grads(part, N, C, pair, sums, b.dweight, b.dbias)
@@ -270,19 +263,19 @@ def group_param_grads(int pair, cnp.ndarray part, object grad_dtype):
 
 
 def group_explain_call(int pair, int64_t N, int64_t C, int64_t S, int64_t G, bint channels_last, int num_threads,
-                       bint backward):
+                       bint backward, uintptr_t out_addr):
     """How a GroupNorm call would split its work (cynorm.explain builds the arguments): the
-    threads _gn_threads gives it, what each thread takes, and the policy class of the
-    LayerNorm call over the same rows that the thread count comes from."""
+    threads _gn_plan gives it, what each thread takes, whether its y or dx streams (out_addr:
+    that output's address, 0 for a fresh one), and the policy class of the LayerNorm call over
+    the same rows that the thread count comes from."""
     cdef const cn_ops *ops = cn_get_ops(pair)
     if ops == NULL:
         raise ValueError(f"unknown kernel pair {pair}")
-    cdef int64_t units = N if channels_last else N * G
-    cdef int T = _gn_threads(ops, N * G, C // G * S, units, num_threads, backward, 1)
+    cdef int stream = 0
+    cdef int T = _gn_plan(ops, N, C, S, G, channels_last, out_addr, num_threads, backward, 1, &stream)
     cdef cn_call c
     _fill_call_rows(&c, ops, N * G, C // G * S, num_threads, False, backward, 1)
-    # (for a fresh output, aligned; a given one streams only if each run of y or dx starts a cache line)
-    cdef bint stream = _gn_streams(ops, N, C, S, G, channels_last, 0, num_threads, backward)
     return {"threads": T, "class": cn_class_of(&c, T),
-            "split": "samples" if channels_last else "rows (sample, group)", "units": units,
+            "split": "samples" if channels_last else "rows (sample, group)",
+            "units": N if channels_last else N * G,
             "scratch_bytes_per_thread": CN_GN_SCRATCH(C) * 8 if channels_last else 0, "stream": bool(stream)}

@@ -141,10 +141,11 @@ def group_norm_backward(dy, x, mean, rstd, weight=None, *, num_groups, channel_a
     return dx, dweight, dbias
 
 
-def explain(x, num_groups, weight=None, *, channel_axis=1, num_threads=None, backward=False):
+def explain(x, num_groups, weight=None, *, channel_axis=1, num_threads=None, backward=False, out=None):
     """cynorm.explain(..., norm="group_norm"): how a GroupNorm call would run. Its thread
     count comes from the policy as for LayerNorm over the same (sample, group) rows;
-    channels-first calls give each thread whole rows, channels-last ones whole samples."""
+    channels-first calls give each thread whole rows, channels-last ones whole samples.
+    ``out`` as the call's: whether y (dx) streams depends on where it lies."""
     if num_groups is None:
         raise ValueError("cynorm: explain(norm='group_norm') needs num_groups")
     x = _api._input(x, "x")
@@ -152,7 +153,12 @@ def explain(x, num_groups, weight=None, *, channel_axis=1, num_threads=None, bac
     pair, weight, _ = _api._params(x.dtype, (C,), weight, None, "(C,)")
     T = resolve_num_threads(num_threads)
     from . import _dtypes, _tune
-    plan = _isa.kernels.group_explain_call(pair.code, N, C, S, G, channels_last, T or 0, bool(backward))
+    out_addr = 0   # a new output: aligned
+    if out is not None:
+        arrays, labels = _outputs.unpack(out, _DX_DW_DB if backward else _Y_MEAN_RSTD)
+        if arrays[0] is not None:
+            out_addr = _outputs.check(arrays[0], labels[0], x.shape, pair.x).__array_interface__["data"][0]
+    plan = _isa.kernels.group_explain_call(pair.code, N, C, S, G, channels_last, T or 0, bool(backward), out_addr)
     cls_name = _isa.kernels.class_names()[plan.pop("class")]
     return {"norm": "group_norm", "direction": "backward" if backward else "forward", "isa": _isa.level,
             "layout": "channels_last" if channels_last else "channels_first", "batch": N, "channels": C,

@@ -247,12 +247,17 @@ cn_policy cn_policy_for(const cn_machine *m, const cn_call *c)
     return p;
 }
 
-/* GroupNorm: y (dx) streams where a LayerNorm over the same rows would
- * stream and every channel's run (channels-first: S elements) or every
- * position's channels (channels-last: C) starts a cache line. */
-int cn_gn_streams(const cn_machine *m, const cn_call *c, int64_t run)
+/* GroupNorm: y (dx) streams where the policy p of a LayerNorm over the same
+ * rows streams (c: that call, out_addr y's or dx's) and every run of the
+ * stores (channels-first: a channel's S positions; channels-last: a
+ * position's C channels) starts at the same place in a cache line: the
+ * kernels store plainly up to the first aligned vector (stream_peel), the
+ * same for every run. 16-bit outputs need a 16-byte boundary there, so that
+ * no piece is narrower than 4 bytes (as long 16-bit rows in streams()). */
+int cn_gn_streams(const cn_policy *p, const cn_call *c, int64_t run)
 {
-    return cn_policy_for(m, c).stream && c->out_addr % 64 == 0 && (run * c->x_size) % 64 == 0;
+    return p->stream && c->out_addr % c->x_size == 0 && (run * c->x_size) % 64 == 0 &&
+           (c->x_size != 2 || c->out_addr % 16 == 0);
 }
 
 /* The tunables by name, for _core._policy() (tests, benchmarks/tunables.py, cynorm.tune). */

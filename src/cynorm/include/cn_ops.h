@@ -62,7 +62,7 @@ typedef struct {
     void *dx;
     int64_t N, C, S, G;
     int channels_last;
-    int stream;          /* channels-last: non-temporal stores for dx (cn_gn_streams) */
+    int stream;          /* non-temporal stores for dx (cn_gn_streams) */
 } cn_gn_bwd_args;
 
 /* Moments of a run of elements relative to the row's pivot P (its first

@@ -133,8 +133,8 @@ cn_policy cn_policy_for(const cn_machine *m, const cn_call *c);
 /* The class of a call that runs on `threads` threads (its measured tunables, if any). */
 int cn_class_of(const cn_call *c, int threads);
 int cn_threads_for(const cn_tunables *t, const cn_call *c);
-/* GroupNorm: whether y or dx streams (c: the call's (sample, group) rows; run: S channels-first, C channels-last) */
-int cn_gn_streams(const cn_machine *m, const cn_call *c, int64_t run);
+/* GroupNorm: whether y or dx streams (p, c: the policy and call of its (sample, group) rows; run: S channels-first, C channels-last) */
+int cn_gn_streams(const cn_policy *p, const cn_call *c, int64_t run);
 /* base with its cache-derived tunables (-1) resolved for machine m; and
  * m->tuned = cn_tune resolved, and each class's measured values over it,
  * after the caches, cn_tune or the measured values change. */

@@ -11,7 +11,8 @@
  * levels or how a Dask array's batch is chunked.
  *
  * Channels-first: A_c, B_c are lane sums over the channel's run by the row
- * walker, then the lane-sum tree. Channels-last: per channel lanes, position
+ * walker, then the lane-sum tree; dx by the row walker, streamed where the
+ * policy says (cn_gn_streams). Channels-last: per channel lanes, position
  * by position, CN_GN_POSITIONS positions in order, each such run added into
  * double totals (as the forward's moments); dx the same way, CN_GN_APPLY_TILE
  * vectors of channels with their scalars in registers, streamed where the
@@ -78,9 +79,9 @@ CN_INLINE void gn_bwd_rows_impl(const cn_gn_bwd_args *a, int64_t r0, int64_t r1,
             xt *dxk = dx + k * S;
             const vec W = has_w ? VOP(set1)(w[g * Cg + k]) : one;
 #define DX(j, t, full) gn_dx_vec(load_x_t(dyk + (j), t, full), load_x_t(xk + (j), t, full), M, R, W, C1, C2, has_w)
-#define STEP(j, t, full, s) store_x_t(dxk + (j), DX(j, t, full), t, full, 0)
-#define STEP2(j) { const vec o0_ = DX(j, VL, 1), o1_ = DX((j) + VL, VL, 1); store_x2(dxk + (j), o0_, o1_, 0); }
-            CN_WALK(S, 0, 2, STEP2, STEP);
+#define STEP(j, t, full, s) store_x_t(dxk + (j), DX(j, t, full), t, full, a->stream)
+#define STEP2(j) { const vec o0_ = DX(j, VL, 1), o1_ = DX((j) + VL, VL, 1); store_x2(dxk + (j), o0_, o1_, a->stream); }
+            CN_WALK(S, a->stream ? stream_peel(dxk, S) : 0, 2, STEP2, STEP);
 #undef DX
 #undef STEP
 #undef STEP2
@@ -105,31 +106,25 @@ CN_INLINE void gn_tile_grads(const cn_gn_bwd_args *a, int64_t n, int64_t s0, int
 {
     vec M[CN_GN_TILE], R[CN_GN_TILE], aa[CN_GN_TILE], ba[CN_GN_TILE];
     int k;
-#define FULL(k) ((k) < NV - 1 || tail_full)
-#define LANES(k) (FULL(k) ? VL : tail)
-    CN_UNROLL for (k = 0; k < NV; k++) {
-        M[k] = load_a_t(mv + c0 + k * VL, LANES(k), FULL(k));
-        R[k] = load_a_t(rv + c0 + k * VL, LANES(k), FULL(k));
-        aa[k] = ba[k] = VOP(zero)();
-    }
+    gn_tile_load(M, mv, c0, NV, tail, tail_full);
+    gn_tile_load(R, rv, c0, NV, tail, tail_full);
+    CN_UNROLL for (k = 0; k < NV; k++) aa[k] = ba[k] = VOP(zero)();
     const int64_t off = (n * a->S + s0) * a->C + c0;
     const xt *x = (const xt *)a->x + off, *dy = (const xt *)a->dy + off;
     for (int64_t s = s0; s < s1; s++, x += a->C, dy += a->C) {
         CN_UNROLL for (k = 0; k < NV; k++) {
             cn_prefetch(x + CN_GN_AHEAD * a->C + k * VL);   /* (the strided walk outruns the prefetchers) */
             cn_prefetch(dy + CN_GN_AHEAD * a->C + k * VL);
-            const vec dyv = load_x_t(dy + k * VL, LANES(k), FULL(k));
-            const vec xh = VOP(mul)(VOP(sub)(load_x_t(x + k * VL, LANES(k), FULL(k)), M[k]), R[k]);
+            const vec dyv = load_x_t(dy + k * VL, GN_LANES(k), GN_FULL(k));
+            const vec xh = VOP(mul)(VOP(sub)(load_x_t(x + k * VL, GN_LANES(k), GN_FULL(k)), M[k]), R[k]);
             aa[k] = VOP(mul_add)(dyv, xh, aa[k]);
             ba[k] = VOP(add)(ba[k], dyv);
         }
     }
     CN_UNROLL for (k = 0; k < NV; k++) {
-        gn_add_lanes(A + c0 + k * VL, aa[k], LANES(k), FULL(k));
-        gn_add_lanes(B + c0 + k * VL, ba[k], LANES(k), FULL(k));
+        gn_add_lanes(A + c0 + k * VL, aa[k], GN_LANES(k), GN_FULL(k));
+        gn_add_lanes(B + c0 + k * VL, ba[k], GN_LANES(k), GN_FULL(k));
     }
-#undef FULL
-#undef LANES
 }
 
 static void gn_grads(const cn_gn_bwd_args *a, int64_t n, int64_t s0, int64_t s1, const at *mv, const at *rv,
@@ -140,46 +135,50 @@ static void gn_grads(const cn_gn_bwd_args *a, int64_t n, int64_t s0, int64_t s1,
 #undef TILE
 }
 
-/* dx at positions [s0, s1) of NV channel vectors from c0 (the last `tail`
- * lanes), the tile's per-channel scalars (mean, rstd, weight, c1, c2) held in
+/* A channels-last sample's per-channel scalars for the dx pass */
+typedef struct { const at *m, *r, *c1, *c2; const pt *w; } gn_bwd_scalars;
+
+/* dx at npos positions from flat element `first` (C apart), NV channel
+ * vectors from c0 (the last `tail` lanes), sc's scalars for them held in
  * registers across the positions. */
-CN_INLINE void gn_tile_dx(const cn_gn_bwd_args *a, int64_t n, int64_t s0, int64_t s1, int64_t c0, const int NV,
-                          int64_t tail, const int tail_full, const at *mv, const at *rv, const at *c1v,
-                          const at *c2v, const int has_w)
+CN_INLINE void gn_tile_dx(const cn_gn_bwd_args *a, const gn_bwd_scalars *sc, int64_t first, int64_t npos, int64_t c0,
+                          const int NV, int64_t tail, const int tail_full, const int stream, const int has_w)
 {
-    const pt *w = (const pt *)a->w;
     vec M[CN_GN_TILE], R[CN_GN_TILE], W[CN_GN_TILE], C1[CN_GN_TILE], C2[CN_GN_TILE];
     int k;
-#define FULL(k) ((k) < NV - 1 || tail_full)
-#define LANES(k) (FULL(k) ? VL : tail)
-    CN_UNROLL for (k = 0; k < NV; k++) {
-        const int64_t c = c0 + k * VL;
-        M[k] = load_a_t(mv + c, LANES(k), FULL(k));
-        R[k] = load_a_t(rv + c, LANES(k), FULL(k));
-        W[k] = has_w ? load_p_t(w + c, LANES(k), FULL(k)) : VOP(set1)((at)1);
-        C1[k] = load_a_t(c1v + c, LANES(k), FULL(k));
-        C2[k] = load_a_t(c2v + c, LANES(k), FULL(k));
-    }
-    const int64_t first = (n * a->S + s0) * a->C + c0;
-    const xt *x = (const xt *)a->x + first, *dy = (const xt *)a->dy + first;
-    xt *dx = (xt *)a->dx + first;
-    for (int64_t s = s0; s < s1; s++, x += a->C, dy += a->C, dx += a->C) {
+    gn_tile_load(M, sc->m, c0, NV, tail, tail_full);
+    gn_tile_load(R, sc->r, c0, NV, tail, tail_full);
+    gn_tile_load_p(W, has_w ? sc->w : NULL, c0, NV, tail, tail_full, VOP(set1)((at)1));
+    gn_tile_load(C1, sc->c1, c0, NV, tail, tail_full);
+    gn_tile_load(C2, sc->c2, c0, NV, tail, tail_full);
+    const xt *x = (const xt *)a->x + first + c0, *dy = (const xt *)a->dy + first + c0;
+    xt *dx = (xt *)a->dx + first + c0;
+    for (int64_t s = 0; s < npos; s++, x += a->C, dy += a->C, dx += a->C) {
         CN_UNROLL for (k = 0; k < NV; k++) {
-            const vec v = gn_dx_vec(load_x_t(dy + k * VL, LANES(k), FULL(k)), load_x_t(x + k * VL, LANES(k), FULL(k)),
-                                    M[k], R[k], W[k], C1[k], C2[k], has_w);
-            store_x_t(dx + k * VL, v, LANES(k), FULL(k), a->stream);
+            const vec v = gn_dx_vec(load_x_t(dy + k * VL, GN_LANES(k), GN_FULL(k)),
+                                    load_x_t(x + k * VL, GN_LANES(k), GN_FULL(k)), M[k], R[k], W[k], C1[k], C2[k], has_w);
+            store_x_t(dx + k * VL, v, GN_LANES(k), GN_FULL(k), stream);
         }
     }
-#undef FULL
-#undef LANES
 }
 
-static void gn_dx(const cn_gn_bwd_args *a, int64_t n, int64_t s0, int64_t s1, const at *mv, const at *rv,
-                  const at *c1v, const at *c2v, const int has_w)
+/* gn_tile_dx over channels [0, nc), CN_GN_APPLY_TILE vectors at a time */
+CN_INLINE void gn_dx_tiles(const cn_gn_bwd_args *a, const gn_bwd_scalars *sc, int64_t first, int64_t npos, int64_t nc,
+                           const int stream, const int has_w)
 {
-#define TILE(c0, NV, tail, tail_full) gn_tile_dx(a, n, s0, s1, c0, NV, tail, tail_full, mv, rv, c1v, c2v, has_w)
-    CN_GN_FOR_TILES_OF(a->C, CN_GN_APPLY_TILE, TILE)
+#define TILE(c0, NV, tail, tail_full) gn_tile_dx(a, sc, first, npos, c0, NV, tail, tail_full, stream, has_w)
+    CN_GN_FOR_TILES_OF(nc, CN_GN_APPLY_TILE, TILE)
 #undef TILE
+}
+
+/* dx at positions [s0, s1) of sample n, streamed from each position's first
+ * line boundary where h > 0 (rot: sc rotated by h; CN_GN_WALK_POSITIONS) */
+static void gn_dx(const cn_gn_bwd_args *a, int64_t n, int64_t s0, int64_t s1, const gn_bwd_scalars *sc,
+                  const gn_bwd_scalars *rot, int64_t h, const int has_w)
+{
+#define WALK(r, st, first, npos, nc) gn_dx_tiles(a, (r) ? rot : sc, first, npos, nc, (st) && a->stream, has_w)
+    CN_GN_WALK_POSITIONS(a->S, a->C, h, s0, s1, n * a->S * a->C, WALK);
+#undef WALK
 }
 
 /* Channels-last sample n: its part (2*C doubles) and dx. scratch: CN_GN_SCRATCH(C) doubles. */
@@ -211,8 +210,21 @@ CN_INLINE void gn_bwd_sample_impl(const cn_gn_bwd_args *a, int64_t n, double *pa
         }
     }
     /* dx, CN_GN_POSITIONS positions by a tile of channels at a time */
+    const gn_bwd_scalars sc = {mv, rv, c1v, c2v, w};
+    gn_bwd_scalars rot = sc;
+    const int64_t h = gn_peel((const xt *)a->dx + n * S * C, a->stream);
+    if (h) {
+        double *slot = scratch + 7 * C;   /* five slots of C doubles */
+        gn_rotated(slot, mv, C, h, sizeof(at));
+        gn_rotated(slot + C, rv, C, h, sizeof(at));
+        gn_rotated(slot + 2 * C, c1v, C, h, sizeof(at));
+        gn_rotated(slot + 3 * C, c2v, C, h, sizeof(at));
+        if (has_w) gn_rotated(slot + 4 * C, w, C, h, sizeof(pt));
+        rot = (gn_bwd_scalars){(at *)slot, (at *)(slot + C), (at *)(slot + 2 * C), (at *)(slot + 3 * C),
+                               (pt *)(slot + 4 * C)};
+    }
     for (s0 = 0; s0 < S; s0 += CN_GN_POSITIONS)
-        gn_dx(a, n, s0, s0 + CN_GN_POSITIONS < S ? s0 + CN_GN_POSITIONS : S, mv, rv, c1v, c2v, has_w);
+        gn_dx(a, n, s0, s0 + CN_GN_POSITIONS < S ? s0 + CN_GN_POSITIONS : S, &sc, &rot, h, has_w);
 }
 
 /* Channels-last samples [n0, n1): dx and part. scratch: CN_GN_SCRATCH(C) doubles. */

@@ -21,7 +21,8 @@
  * is redone by a two-pass in double. Channel moments merge into their group's
  * in channel order. The normalizing pass walks the same way, CN_GN_APPLY_TILE
  * vectors of channels with their scalars in registers, streaming y where the
- * policy says (cn_gn_streams); groups to be rescued are left alone there and
+ * policy says (cn_gn_streams), from each position's first cache line boundary
+ * (CN_GN_WALK_POSITIONS); groups to be rescued are left alone there and
  * redone from x after (y may be x). A lane's arithmetic never depends on the
  * other lanes, so the bits do not depend on the vector width, the level, the
  * tile or the thread count.
@@ -128,7 +129,8 @@ static int gn_finish(const cn_gn_fwd_args *a, int64_t n, int64_t g, at pivot, co
 
 /* One channel's run of S elements: y from x with scalar weight/bias, while
  * the same stretch of pf (the next row) goes into L2 (NULL: none); stream:
- * non-temporal stores (y's runs then start cache lines: cn_gn_streams). */
+ * non-temporal stores, after a partial vector up to y's first aligned one
+ * (the row walker's head). */
 CN_INLINE void gn_run(const xt *x, xt *y, int64_t S, vec MH, vec R, vec LR, vec W, vec B, const int has_w,
                       const int has_b, const xt *pf, const int stream)
 {
@@ -140,7 +142,7 @@ CN_INLINE void gn_run(const xt *x, xt *y, int64_t S, vec MH, vec R, vec LR, vec 
         const vec o0_ = GV(j, VL, 1), o1_ = GV((j) + VL, VL, 1);                                \
         store_x2(y + (j), o0_, o1_, stream);                                                    \
     }
-    CN_WALK(S, 0, 2, STEP2, STEP);
+    CN_WALK(S, stream ? stream_peel(y, S) : 0, 2, STEP2, STEP);
 #undef GV
 #undef STEP
 #undef STEP2
@@ -199,27 +201,21 @@ CN_INLINE void gn_tile_sums(const cn_gn_fwd_args *a, int64_t n, int64_t s0, int6
 {
     vec P[CN_GN_TILE], sa[CN_GN_TILE], qa[CN_GN_TILE];
     int k;
-#define FULL(k) ((k) < NV - 1 || tail_full)
-#define LANES(k) (FULL(k) ? VL : tail)
-    CN_UNROLL for (k = 0; k < NV; k++) {
-        P[k] = load_a_t(piv + c0 + k * VL, LANES(k), FULL(k));
-        sa[k] = qa[k] = VOP(zero)();
-    }
+    gn_tile_load(P, piv, c0, NV, tail, tail_full);
+    CN_UNROLL for (k = 0; k < NV; k++) sa[k] = qa[k] = VOP(zero)();
     const xt *row = (const xt *)a->x + (n * a->S + s0) * a->C + c0;
     for (int64_t s = s0; s < s1; s++, row += a->C) {
         CN_UNROLL for (k = 0; k < NV; k++) {
             cn_prefetch(row + CN_GN_AHEAD * a->C + k * VL);   /* (the strided walk outruns the prefetchers) */
-            const vec e = VOP(sub)(load_x_t(row + k * VL, LANES(k), FULL(k)), P[k]);
+            const vec e = VOP(sub)(load_x_t(row + k * VL, GN_LANES(k), GN_FULL(k)), P[k]);
             sa[k] = VOP(add)(sa[k], e);
             qa[k] = VOP(mul_add)(e, e, qa[k]);
         }
     }
     CN_UNROLL for (k = 0; k < NV; k++) {
-        gn_add_lanes(ssum + c0 + k * VL, sa[k], LANES(k), FULL(k));
-        gn_add_lanes(qsum + c0 + k * VL, qa[k], LANES(k), FULL(k));
+        gn_add_lanes(ssum + c0 + k * VL, sa[k], GN_LANES(k), GN_FULL(k));
+        gn_add_lanes(qsum + c0 + k * VL, qa[k], GN_LANES(k), GN_FULL(k));
     }
-#undef FULL
-#undef LANES
 }
 
 /* gn_tile_sums over all channels, CN_GN_TILE vectors at a time */
@@ -245,55 +241,66 @@ static void gn_channel_twopass(const cn_gn_fwd_args *a, int64_t n, int64_t c, do
     *m2 = q;
 }
 
-/* y at positions [s0, s1) of NV channel vectors from c0 (the last one `tail`
- * lanes; tail_full: it is full), the tile's per-channel scalars (mean_hi,
- * rstd, lr, weight, bias) held in registers across the positions. */
-CN_INLINE void gn_tile_apply(const cn_gn_fwd_args *a, int64_t n, int64_t s0, int64_t s1, int64_t c0, const int NV,
-                             int64_t tail, const int tail_full, const at *mh, const at *rs, const at *lr,
-                             const int stream, const int has_w, const int has_b)
+/* A channels-last sample's per-channel scalars for the normalizing pass */
+typedef struct { const at *mh, *rs, *lr; const pt *w, *b; } gn_fwd_scalars;
+
+/* y at npos positions from flat element `first` (C apart), NV channel vectors
+ * from c0 (the last one `tail` lanes; tail_full: it is full), sc's scalars
+ * for them held in registers across the positions. */
+CN_INLINE void gn_tile_apply(const cn_gn_fwd_args *a, const gn_fwd_scalars *sc, int64_t first, int64_t npos,
+                             int64_t c0, const int NV, int64_t tail, const int tail_full, const int stream,
+                             const int has_w, const int has_b)
 {
-    const pt *w = (const pt *)a->w, *b = (const pt *)a->b;
     vec MH[CN_GN_TILE], R[CN_GN_TILE], LR[CN_GN_TILE], W[CN_GN_TILE], B[CN_GN_TILE];
     int k;
-#define FULL(k) ((k) < NV - 1 || tail_full)
-#define LANES(k) (FULL(k) ? VL : tail)
-    CN_UNROLL for (k = 0; k < NV; k++) {
-        const int64_t c = c0 + k * VL;
-        MH[k] = load_a_t(mh + c, LANES(k), FULL(k));
-        R[k] = load_a_t(rs + c, LANES(k), FULL(k));
-        LR[k] = load_a_t(lr + c, LANES(k), FULL(k));
-        W[k] = has_w ? load_p_t(w + c, LANES(k), FULL(k)) : VOP(set1)((at)1);
-        B[k] = has_b ? load_p_t(b + c, LANES(k), FULL(k)) : VOP(zero)();
-    }
-    const int64_t first = (n * a->S + s0) * a->C + c0;
-    const xt *xr = (const xt *)a->x + first;
-    xt *yr = (xt *)a->y + first;
-    for (int64_t s = s0; s < s1; s++, xr += a->C, yr += a->C) {
+    gn_tile_load(MH, sc->mh, c0, NV, tail, tail_full);
+    gn_tile_load(R, sc->rs, c0, NV, tail, tail_full);
+    gn_tile_load(LR, sc->lr, c0, NV, tail, tail_full);
+    gn_tile_load_p(W, has_w ? sc->w : NULL, c0, NV, tail, tail_full, VOP(set1)((at)1));
+    gn_tile_load_p(B, has_b ? sc->b : NULL, c0, NV, tail, tail_full, VOP(zero)());
+    const xt *xr = (const xt *)a->x + first + c0;
+    xt *yr = (xt *)a->y + first + c0;
+    for (int64_t s = 0; s < npos; s++, xr += a->C, yr += a->C) {
         CN_UNROLL for (k = 0; k < NV; k++) {
-            const vec v = load_x_t(xr + k * VL, LANES(k), FULL(k));
-            store_x_t(yr + k * VL, gn_vec(v, MH[k], R[k], LR[k], W[k], B[k], has_w, has_b), LANES(k), FULL(k), stream);
+            const vec v = load_x_t(xr + k * VL, GN_LANES(k), GN_FULL(k));
+            store_x_t(yr + k * VL, gn_vec(v, MH[k], R[k], LR[k], W[k], B[k], has_w, has_b), GN_LANES(k), GN_FULL(k),
+                      stream);
         }
     }
-#undef FULL
-#undef LANES
 }
 
-/* gn_tile_apply over the channels of every run of groups not to be rescued,
- * CN_GN_APPLY_TILE vectors at a time (a rescued group's x stays as it was, for
- * gn_rescue: y may be x). stream: only where no group is rescued (the runs
- * then start at channel 0, so every vector a cache line's). */
-CN_INLINE void gn_apply(const cn_gn_fwd_args *a, int64_t n, int64_t s0, int64_t s1, const unsigned char *rescue,
-                        const at *mh, const at *rs, const at *lr, const int stream, const int has_w, const int has_b)
+/* gn_tile_apply over channels [0, nc), CN_GN_APPLY_TILE vectors at a time */
+CN_INLINE void gn_apply_tiles(const cn_gn_fwd_args *a, const gn_fwd_scalars *sc, int64_t first, int64_t npos,
+                              int64_t nc, const int stream, const int has_w, const int has_b)
 {
-    const int64_t G = a->G, Cg = a->C / G;
+#define TILE(c0, NV, tail, tail_full) gn_tile_apply(a, sc, first, npos, c0, NV, tail, tail_full, stream, has_w, has_b)
+    CN_GN_FOR_TILES_OF(nc, CN_GN_APPLY_TILE, TILE)
+#undef TILE
+}
+
+/* y at positions [s0, s1) of sample n. rescue NULL: every group, streamed
+ * from each position's first line boundary where h > 0 (rot: sc rotated by
+ * h; CN_GN_WALK_POSITIONS). Otherwise only the runs of groups not to be
+ * rescued, with plain stores (a rescued group's x stays as it was, for
+ * gn_rescue: y may be x). */
+CN_INLINE void gn_apply(const cn_gn_fwd_args *a, int64_t n, int64_t s0, int64_t s1, const unsigned char *rescue,
+                        const gn_fwd_scalars *sc, const gn_fwd_scalars *rot, int64_t h, const int stream,
+                        const int has_w, const int has_b)
+{
+    const int64_t C = a->C, G = a->G, Cg = C / G, base = n * a->S * C;
+    if (!rescue) {
+#define WALK(r, st, first, npos, nc) gn_apply_tiles(a, (r) ? rot : sc, first, npos, nc, (st) && stream, has_w, has_b)
+        CN_GN_WALK_POSITIONS(a->S, C, h, s0, s1, base, WALK);
+#undef WALK
+        return;
+    }
     for (int64_t ga = 0, gb; ga < G; ga = gb) {
         for (; ga < G && rescue[ga]; ga++) {}
         for (gb = ga; gb < G && !rescue[gb]; gb++) {}
         const int64_t ca = ga * Cg;
-#define TILE(c0, NV, tail, tail_full)                                                                     \
-        gn_tile_apply(a, n, s0, s1, ca + (c0), NV, tail, tail_full, mh, rs, lr, stream, has_w, has_b)
-        CN_GN_FOR_TILES_OF(gb * Cg - ca, CN_GN_APPLY_TILE, TILE)
-#undef TILE
+        const gn_fwd_scalars from = {sc->mh + ca, sc->rs + ca, sc->lr + ca, has_w ? sc->w + ca : NULL,
+                                     has_b ? sc->b + ca : NULL};
+        gn_apply_tiles(a, &from, base + s0 * C + ca, s1 - s0, (gb - ga) * Cg, 0, has_w, has_b);
     }
 }
 
@@ -347,9 +354,22 @@ CN_INLINE void gn_sample_impl(const cn_gn_fwd_args *a, int64_t n, double *scratc
     /* normalize, CN_GN_POSITIONS positions by a tile of channels at a time;
      * rescued groups are redone after */
     const int stream = a->stream && !any_rescued;
+    const gn_fwd_scalars sc = {mh, rs, lr, (const pt *)a->w, (const pt *)a->b};
+    gn_fwd_scalars rot = sc;
+    const int64_t h = gn_peel((const xt *)a->y + n * S * C, stream);
+    if (h) {
+        double *slot = scratch + 7 * C;   /* five slots of C doubles */
+        gn_rotated(slot, mh, C, h, sizeof(at));
+        gn_rotated(slot + C, rs, C, h, sizeof(at));
+        gn_rotated(slot + 2 * C, lr, C, h, sizeof(at));
+        if (has_w) gn_rotated(slot + 3 * C, a->w, C, h, sizeof(pt));
+        if (has_b) gn_rotated(slot + 4 * C, a->b, C, h, sizeof(pt));
+        rot = (gn_fwd_scalars){(at *)slot, (at *)(slot + C), (at *)(slot + 2 * C), (pt *)(slot + 3 * C),
+                               (pt *)(slot + 4 * C)};
+    }
     for (s0 = 0; s0 < S; s0 += CN_GN_POSITIONS)
-        gn_apply(a, n, s0, s0 + CN_GN_POSITIONS < S ? s0 + CN_GN_POSITIONS : S, rescue, mh, rs, lr, stream, has_w,
-                 has_b);
+        gn_apply(a, n, s0, s0 + CN_GN_POSITIONS < S ? s0 + CN_GN_POSITIONS : S, any_rescued ? rescue : NULL, &sc,
+                 &rot, h, stream, has_w, has_b);
     if (CN_UNLIKELY(any_rescued))
         for (int64_t g = 0; g < a->G; g++)
             if (rescue[g]) gn_rescue(a, n, g);
