@@ -99,6 +99,14 @@
 #  endif
 #endif
 
+/* A loop nest called from several places, kept out of line so that it is
+ * compiled once (each call does enough work to pay for the call). */
+#if defined(_MSC_VER) && !defined(__clang__)
+#  define CN_OUTLINE static __declspec(noinline)
+#else
+#  define CN_OUTLINE static __attribute__((noinline))
+#endif
+
 /* Per-vector steps (a few operations on one vector, called from the hot
  * loops) are inlined at every level where the compiler allows it, the portable
  * one included: out of line, each call passes 64-byte structs through memory

@@ -162,13 +162,25 @@ CN_INLINE void gn_tile_dx(const cn_gn_bwd_args *a, const gn_bwd_scalars *sc, int
     }
 }
 
-/* gn_tile_dx over channels [0, nc), CN_GN_APPLY_TILE vectors at a time */
+/* gn_tile_dx over channels [0, nc), CN_GN_APPLY_TILE vectors at a time: one
+ * function with a weight and one without, each compiled once */
+#define GN_DX_TILE(c0, NV, tail, tail_full) gn_tile_dx(a, sc, first, npos, c0, NV, tail, tail_full, stream, has_w)
+#define GN_DX_TILES(NAME, HAS_W)                                                                          \
+    CN_OUTLINE void NAME(const cn_gn_bwd_args *a, const gn_bwd_scalars *sc, int64_t first, int64_t npos,     \
+                         int64_t nc, const int stream)                                                     \
+    {                                                                                                      \
+        const int has_w = HAS_W;                                                                           \
+        CN_GN_FOR_TILES_OF(nc, CN_GN_APPLY_TILE, GN_DX_TILE)                                               \
+    }
+GN_DX_TILES(gn_dx_tiles_w, 1)
+GN_DX_TILES(gn_dx_tiles_, 0)
+#undef GN_DX_TILES
+#undef GN_DX_TILE
 CN_INLINE void gn_dx_tiles(const cn_gn_bwd_args *a, const gn_bwd_scalars *sc, int64_t first, int64_t npos, int64_t nc,
                            const int stream, const int has_w)
 {
-#define TILE(c0, NV, tail, tail_full) gn_tile_dx(a, sc, first, npos, c0, NV, tail, tail_full, stream, has_w)
-    CN_GN_FOR_TILES_OF(nc, CN_GN_APPLY_TILE, TILE)
-#undef TILE
+    if (has_w) gn_dx_tiles_w(a, sc, first, npos, nc, stream);
+    else gn_dx_tiles_(a, sc, first, npos, nc, stream);
 }
 
 /* dx at positions [s0, s1) of sample n, streamed from each position's first

@@ -269,13 +269,30 @@ CN_INLINE void gn_tile_apply(const cn_gn_fwd_args *a, const gn_fwd_scalars *sc, 
     }
 }
 
-/* gn_tile_apply over channels [0, nc), CN_GN_APPLY_TILE vectors at a time */
+/* gn_tile_apply over channels [0, nc), CN_GN_APPLY_TILE vectors at a time:
+ * one function per (weight, bias) presence, each compiled once */
+#define GN_APPLY_TILE(c0, NV, tail, tail_full) \
+    gn_tile_apply(a, sc, first, npos, c0, NV, tail, tail_full, stream, has_w, has_b)
+#define GN_APPLY_TILES(NAME, HAS_W, HAS_B)                                                                \
+    CN_OUTLINE void NAME(const cn_gn_fwd_args *a, const gn_fwd_scalars *sc, int64_t first, int64_t npos,     \
+                         int64_t nc, const int stream)                                                     \
+    {                                                                                                      \
+        const int has_w = HAS_W, has_b = HAS_B;                                                            \
+        CN_GN_FOR_TILES_OF(nc, CN_GN_APPLY_TILE, GN_APPLY_TILE)                                            \
+    }
+GN_APPLY_TILES(gn_apply_tiles_wb, 1, 1)
+GN_APPLY_TILES(gn_apply_tiles_w, 1, 0)
+GN_APPLY_TILES(gn_apply_tiles_b, 0, 1)
+GN_APPLY_TILES(gn_apply_tiles_, 0, 0)
+#undef GN_APPLY_TILES
+#undef GN_APPLY_TILE
 CN_INLINE void gn_apply_tiles(const cn_gn_fwd_args *a, const gn_fwd_scalars *sc, int64_t first, int64_t npos,
                               int64_t nc, const int stream, const int has_w, const int has_b)
 {
-#define TILE(c0, NV, tail, tail_full) gn_tile_apply(a, sc, first, npos, c0, NV, tail, tail_full, stream, has_w, has_b)
-    CN_GN_FOR_TILES_OF(nc, CN_GN_APPLY_TILE, TILE)
-#undef TILE
+    if (has_w && has_b) gn_apply_tiles_wb(a, sc, first, npos, nc, stream);
+    else if (has_w) gn_apply_tiles_w(a, sc, first, npos, nc, stream);
+    else if (has_b) gn_apply_tiles_b(a, sc, first, npos, nc, stream);
+    else gn_apply_tiles_(a, sc, first, npos, nc, stream);
 }
 
 /* y at positions [s0, s1) of sample n. rescue NULL: every group, streamed
