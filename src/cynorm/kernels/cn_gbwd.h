@@ -74,13 +74,24 @@ CN_INLINE void gn_bwd_rows_impl(const cn_gn_bwd_args *a, int64_t r0, int64_t r1,
             s2 += wc * (double)A;
         }
         const vec C1 = VOP(set1)((at)(s1 / (double)L)), C2 = VOP(set1)((at)(s2 / (double)L));
+        /* dx from cache; streamed (outputs bound for DRAM), the next row's x and dy go into
+         * L2 meanwhile, as in the forward's gn_run (unstreamed, from L3, that lost 15%) */
+        const int next = a->stream && r + 1 < r1;
         for (k = 0; k < Cg; k++) {
             const xt *xk = x + k * S, *dyk = dy + k * S;
             xt *dxk = dx + k * S;
             const vec W = has_w ? VOP(set1)(w[g * Cg + k]) : one;
 #define DX(j, t, full) gn_dx_vec(load_x_t(dyk + (j), t, full), load_x_t(xk + (j), t, full), M, R, W, C1, C2, has_w)
 #define STEP(j, t, full, s) store_x_t(dxk + (j), DX(j, t, full), t, full, a->stream)
-#define STEP2(j) { const vec o0_ = DX(j, VL, 1), o1_ = DX((j) + VL, VL, 1); store_x2(dxk + (j), o0_, o1_, a->stream); }
+#define STEP2(j)                                                                                        \
+    {                                                                                                   \
+        if (next) {                                                                                     \
+            cn_prefetch_l2(xk + L + (j)); cn_prefetch_l2(xk + L + (j) + VL);                            \
+            cn_prefetch_l2(dyk + L + (j)); cn_prefetch_l2(dyk + L + (j) + VL);                          \
+        }                                                                                               \
+        const vec o0_ = DX(j, VL, 1), o1_ = DX((j) + VL, VL, 1);                                        \
+        store_x2(dxk + (j), o0_, o1_, a->stream);                                                       \
+    }
             CN_WALK(S, a->stream ? stream_peel(dxk, S) : 0, 2, STEP2, STEP);
 #undef DX
 #undef STEP
