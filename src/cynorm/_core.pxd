@@ -111,7 +111,7 @@ cdef extern from "cn_policy.h" nogil:
 
 cdef extern from "cn_order.h" nogil:
     const int CN_CHUNK
-    int64_t CN_GN_SCRATCH(int64_t C)
+    int64_t CN_GN_SCRATCH(int64_t C, int streamed)
     int64_t cn_block_rows(int64_t M, int64_t N, int acc_size)
 
 

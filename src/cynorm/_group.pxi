@@ -62,9 +62,9 @@ cdef int _c_group_forward(const cynorm_group_desc *d, const cynorm_group_fwd_buf
     if half and (b.weight != NULL or b.bias != NULL) and wide == NULL:
         return CYNORM_ENOMEM
     cdef int64_t units = a.N if a.channels_last else a.N * a.G
-    cdef int64_t per = CN_GN_SCRATCH(a.C)
     cdef int T = _gn_plan(ops, a.N, a.C, a.S, a.G, a.channels_last, <uintptr_t>a.y, d.num_threads, False,
                           cn_enter_call(), &a.stream)
+    cdef int64_t per = CN_GN_SCRATCH(a.C, a.stream)
     cdef double *scratch = NULL
     cdef int t
     cdef int rc = CYNORM_OK
@@ -122,9 +122,9 @@ cdef int _c_group_backward(const cynorm_group_desc *d, const cynorm_group_bwd_bu
     if part == NULL:
         part = <double *>malloc((N if N > 0 else 1) * 2 * C * sizeof(double))
     cdef int64_t units = N if a.channels_last else N * a.G
-    cdef int64_t per = CN_GN_SCRATCH(C)
     cdef int T = _gn_plan(ops, N, C, a.S, a.G, a.channels_last, <uintptr_t>a.dx, d.num_threads, True,
                           cn_enter_call(), &a.stream)
+    cdef int64_t per = CN_GN_SCRATCH(C, a.stream)
     cdef double *scratch = NULL
     cdef int t
     cdef int rc = CYNORM_OK
@@ -278,4 +278,4 @@ def group_explain_call(int pair, int64_t N, int64_t C, int64_t S, int64_t G, bin
     return {"threads": T, "class": cn_class_of(&c, T),
             "split": "samples" if channels_last else "rows (sample, group)",
             "units": N if channels_last else N * G,
-            "scratch_bytes_per_thread": CN_GN_SCRATCH(C) * 8 if channels_last else 0, "stream": bool(stream)}
+            "scratch_bytes_per_thread": CN_GN_SCRATCH(C, stream) * 8 if channels_last else 0, "stream": bool(stream)}

@@ -104,7 +104,7 @@ CN_OPS_INLINE void cn_moments_merge(cn_moments *a, const cn_moments *b)
     /* fused residual add: h = x + r over n elements, rounded once (kernels/cn_residual.h) */        \
     X(S, K, add_residual, (const void *x, const void *r, int r_wide, void *h, int h_wide, int64_t n),  \
       (x, r, r_wide, h, h_wide, n))                                                                \
-    /* GroupNorm: channels-first rows; channels-last samples (scratch: CN_GN_SCRATCH(C) doubles) */   \
+    /* GroupNorm: channels-first rows; channels-last samples (scratch: CN_GN_SCRATCH) */               \
     X(S, K, gn_fwd_rows, (const cn_gn_fwd_args *a, int64_t r0, int64_t r1), (a, r0, r1))              \
     X(S, K, gn_fwd_samples, (const cn_gn_fwd_args *a, int64_t n0, int64_t n1, double *scratch),       \
       (a, n0, n1, scratch))

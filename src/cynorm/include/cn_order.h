@@ -67,7 +67,8 @@ static inline int64_t cn_block_rows(int64_t M, int64_t N, int acc_size)
 #define CN_GN_AHEAD 16
 
 /* Doubles of scratch a GroupNorm channels-last sample takes (C channels):
- * 7 slots of C for its sums and scalars, 5 for the scalars rotated (cn_group.h). */
-#define CN_GN_SCRATCH(C) (12 * (C))
+ * 7 slots of C for its sums and scalars, and where its stores stream 5 more for
+ * the scalars rotated (cn_group.h). */
+#define CN_GN_SCRATCH(C, streamed) (((streamed) ? 12 : 7) * (C))
 
 #endif /* CN_ORDER_H */

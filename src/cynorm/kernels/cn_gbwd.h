@@ -204,7 +204,7 @@ static void gn_dx(const cn_gn_bwd_args *a, int64_t n, int64_t s0, int64_t s1, co
 #undef WALK
 }
 
-/* Channels-last sample n: its part (2*C doubles) and dx. scratch: CN_GN_SCRATCH(C) doubles. */
+/* Channels-last sample n: its part (2*C doubles) and dx. scratch: CN_GN_SCRATCH(C, a->stream) doubles. */
 CN_INLINE void gn_bwd_sample_impl(const cn_gn_bwd_args *a, int64_t n, double *part, double *scratch, const int has_w)
 {
     const int64_t C = a->C, S = a->S, G = a->G, Cg = C / G, L = Cg * S;
@@ -250,7 +250,7 @@ CN_INLINE void gn_bwd_sample_impl(const cn_gn_bwd_args *a, int64_t n, double *pa
         gn_dx(a, n, s0, s0 + CN_GN_POSITIONS < S ? s0 + CN_GN_POSITIONS : S, &sc, &rot, h, has_w);
 }
 
-/* Channels-last samples [n0, n1): dx and part. scratch: CN_GN_SCRATCH(C) doubles. */
+/* Channels-last samples [n0, n1): dx and part. scratch: CN_GN_SCRATCH(C, a->stream) doubles. */
 static void gn_bwd_samples(const cn_gn_bwd_args *a, int64_t n0, int64_t n1, double *part, double *scratch)
 {
     for (int64_t n = n0; n < n1; n++) {

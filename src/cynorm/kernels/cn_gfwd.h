@@ -321,7 +321,7 @@ CN_INLINE void gn_apply(const cn_gn_fwd_args *a, int64_t n, int64_t s0, int64_t 
     }
 }
 
-/* Channels-last sample n, whole. scratch: CN_GN_SCRATCH(C) doubles. */
+/* Channels-last sample n, whole. scratch: CN_GN_SCRATCH(C, a->stream) doubles. */
 CN_INLINE void gn_sample_impl(const cn_gn_fwd_args *a, int64_t n, double *scratch, const int has_w, const int has_b)
 {
     const int64_t C = a->C, S = a->S, Cg = C / a->G;
@@ -392,7 +392,7 @@ CN_INLINE void gn_sample_impl(const cn_gn_fwd_args *a, int64_t n, double *scratc
             if (rescue[g]) gn_rescue(a, n, g);
 }
 
-/* Channels-last samples [n0, n1). scratch: CN_GN_SCRATCH(C) doubles. */
+/* Channels-last samples [n0, n1). scratch: CN_GN_SCRATCH(C, a->stream) doubles. */
 static void gn_fwd_samples(const cn_gn_fwd_args *a, int64_t n0, int64_t n1, double *scratch)
 {
     for (int64_t n = n0; n < n1; n++) {
