@@ -282,16 +282,17 @@ CN_INLINE void fwd_med_block(const cn_fwd_args *a, int64_t r0, const int64_t nro
     block_rstd(a, nrows, inv_n, m2, rstd);
     at mh[CN_SMALL_BLOCK], lr[CN_SMALL_BLOCK], rs[CN_SMALL_BLOCK];
     const int odd = block_scalars(a, r0, nrows, inv_n, pv, dd, m2, rstd, mh, lr, rs);
+    const int64_t ahead = prefetch_rows_ahead(nrows, N, CN_MEDIUM_PREFETCH_BYTES);
     for (i = 0; i < nrows; i++) {                      /* normalize, rereading from cache */
         const xt *x = X + i * N;
         if (CN_UNLIKELY(odd) && wants_rescue(a, x, dd[i], m2[i], inv_n)) {
             fwd_rescue(a, r0 + i);                 /* (writes its own mean and rstd) */
             continue;
         }
-        /* prefetch the same row of the next block */
-        int64_t npf = r0 + i + nrows < a->M ? N : 0;
+        /* prefetch the same row some blocks ahead */
+        const int64_t npf = r0 + i + ahead < a->M ? N : 0;
         normalize_lr(x, Y + i * N, (const pt *)a->w, (const pt *)a->b, N, mh[i], lr[i], rs[i], center,
-                     a->pol->stream, x + nrows * N, npf, a->pol->prefetch_l2);
+                     a->pol->stream, x + ahead * N, npf, a->pol->prefetch_l2);
     }
 }
 
