@@ -235,17 +235,12 @@ CN_INLINE void gn_bwd_sample_impl(const cn_gn_bwd_args *a, int64_t n, double *pa
     /* dx, CN_GN_POSITIONS positions by a tile of channels at a time */
     const gn_bwd_scalars sc = {mv, rv, c1v, c2v, w};
     gn_bwd_scalars rot = sc;
-    const int64_t h = gn_peel((const xt *)a->dx + n * S * C, a->stream);
-    if (h) {
-        double *slot = scratch + 7 * C;   /* five slots of C doubles */
-        gn_rotated(slot, mv, C, h, sizeof(at));
-        gn_rotated(slot + C, rv, C, h, sizeof(at));
-        gn_rotated(slot + 2 * C, c1v, C, h, sizeof(at));
-        gn_rotated(slot + 3 * C, c2v, C, h, sizeof(at));
-        if (has_w) gn_rotated(slot + 4 * C, w, C, h, sizeof(pt));
-        rot = (gn_bwd_scalars){(at *)slot, (at *)(slot + C), (at *)(slot + 2 * C), (at *)(slot + 3 * C),
-                               (pt *)(slot + 4 * C)};
-    }
+    const int64_t h = gn_peel((const xt *)a->dx + n * S * C, C, a->stream);
+    double *slots = scratch + 7 * C;   /* five slots of C doubles */
+    if (h)
+        rot = (gn_bwd_scalars){gn_rotated(slots, 0, mv, C, h, sizeof(at)), gn_rotated(slots, 1, rv, C, h, sizeof(at)),
+                               gn_rotated(slots, 2, c1v, C, h, sizeof(at)), gn_rotated(slots, 3, c2v, C, h, sizeof(at)),
+                               gn_rotated(slots, 4, has_w ? w : NULL, C, h, sizeof(pt))};
     for (s0 = 0; s0 < S; s0 += CN_GN_POSITIONS)
         gn_dx(a, n, s0, s0 + CN_GN_POSITIONS < S ? s0 + CN_GN_POSITIONS : S, &sc, &rot, h, has_w);
 }

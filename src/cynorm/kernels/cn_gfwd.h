@@ -373,17 +373,12 @@ CN_INLINE void gn_sample_impl(const cn_gn_fwd_args *a, int64_t n, double *scratc
     const int stream = a->stream && !any_rescued;
     const gn_fwd_scalars sc = {mh, rs, lr, (const pt *)a->w, (const pt *)a->b};
     gn_fwd_scalars rot = sc;
-    const int64_t h = gn_peel((const xt *)a->y + n * S * C, stream);
-    if (h) {
-        double *slot = scratch + 7 * C;   /* five slots of C doubles */
-        gn_rotated(slot, mh, C, h, sizeof(at));
-        gn_rotated(slot + C, rs, C, h, sizeof(at));
-        gn_rotated(slot + 2 * C, lr, C, h, sizeof(at));
-        if (has_w) gn_rotated(slot + 3 * C, a->w, C, h, sizeof(pt));
-        if (has_b) gn_rotated(slot + 4 * C, a->b, C, h, sizeof(pt));
-        rot = (gn_fwd_scalars){(at *)slot, (at *)(slot + C), (at *)(slot + 2 * C), (pt *)(slot + 3 * C),
-                               (pt *)(slot + 4 * C)};
-    }
+    const int64_t h = gn_peel((const xt *)a->y + n * S * C, C, stream);
+    double *slots = scratch + 7 * C;   /* five slots of C doubles */
+    if (h)
+        rot = (gn_fwd_scalars){gn_rotated(slots, 0, mh, C, h, sizeof(at)), gn_rotated(slots, 1, rs, C, h, sizeof(at)),
+                               gn_rotated(slots, 2, lr, C, h, sizeof(at)), gn_rotated(slots, 3, sc.w, C, h, sizeof(pt)),
+                               gn_rotated(slots, 4, sc.b, C, h, sizeof(pt))};
     for (s0 = 0; s0 < S; s0 += CN_GN_POSITIONS)
         gn_apply(a, n, s0, s0 + CN_GN_POSITIONS < S ? s0 + CN_GN_POSITIONS : S, any_rescued ? rescue : NULL, &sc,
                  &rot, h, stream, has_w, has_b);

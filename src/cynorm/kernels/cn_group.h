@@ -68,17 +68,21 @@ _Static_assert(CN_GN_TILE == 4, "CN_GN_FOR_TILES_OF dispatches tiles of 1 to 4 v
  * first h channels, with the per-channel values seen from channel h on
  * (gn_rotated). So every tile's vectors start a line or follow one another
  * within it, and each line is written whole by one tile at one position. */
-CN_INLINE int64_t gn_peel(const void *sample_out, const int stream)
+CN_INLINE int64_t gn_peel(const void *sample_out, int64_t C, const int stream)
 {
-    const int64_t mis = (int64_t)((uintptr_t)sample_out % 64);
-    return stream && mis ? (64 - mis) / (int64_t)sizeof(xt) : 0;
+    return stream ? peel_to(sample_out, C, 64) : 0;
 }
 
-/* dst[j] = src[(j + h) % C], C elements of `size` bytes */
-CN_INLINE void gn_rotated(void *dst, const void *src, int64_t C, int64_t h, size_t size)
+/* Slot k of the five C-double slots from `slots` (the scratch's rotated
+ * scalars) as src rotated by h: slot[j] = src[(j + h) % C], C elements of
+ * `size` bytes. Returns the slot, or NULL where src is NULL (no such param). */
+CN_INLINE void *gn_rotated(double *slots, int k, const void *src, int64_t C, int64_t h, size_t size)
 {
+    if (!src) return NULL;
+    char *dst = (char *)(slots + k * C);
     memcpy(dst, (const char *)src + h * size, (size_t)(C - h) * size);
-    memcpy((char *)dst + (C - h) * size, src, (size_t)h * size);
+    memcpy(dst + (C - h) * size, src, (size_t)h * size);
+    return dst;
 }
 
 /* Positions [s0, s1) of a channels-last sample of S positions whose elements

@@ -75,16 +75,18 @@ CN_VEC_INLINE void store_a_t(at *p, vec v, int64_t t, const int full)
 CN_INLINE at x_to_at(xt v) { return CN_CAT(cn_scalar_from_, CN_XS)(v); }
 CN_INLINE xt double_to_x(double v) { return CN_CAT(cn_scalar_to_, CN_XS)(v); }
 
-/* Elements to store plainly before x-typed pointer p is aligned for a
- * full-vector non-temporal store (at most n). */
-#define STREAM_ALIGN ((int64_t)(VL * sizeof(xt)))
-CN_INLINE int64_t stream_peel(const void *p, int64_t n)
+/* Elements to store plainly before x-typed pointer p is aligned to `align`
+ * bytes (at most n; n where p is not even element-aligned: never stream). */
+CN_INLINE int64_t peel_to(const void *p, int64_t n, int64_t align)
 {
-    int64_t mis = (int64_t)((uintptr_t)p % (uintptr_t)STREAM_ALIGN);
-    int64_t k = mis ? (STREAM_ALIGN - mis) / (int64_t)sizeof(xt) : 0;
-    if (mis % (int64_t)sizeof(xt)) k = n;  /* not even element-aligned: never stream */
+    int64_t mis = (int64_t)((uintptr_t)p % (uintptr_t)align);
+    int64_t k = mis ? (align - mis) / (int64_t)sizeof(xt) : 0;
+    if (mis % (int64_t)sizeof(xt)) k = n;
     return k < n ? k : n;
 }
+/* ... for a full-vector non-temporal store */
+#define STREAM_ALIGN ((int64_t)(VL * sizeof(xt)))
+CN_INLINE int64_t stream_peel(const void *p, int64_t n) { return peel_to(p, n, STREAM_ALIGN); }
 
 /*
  * The row walker: columns [0, n) in SIMD steps. First `head` elements (a
