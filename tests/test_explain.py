@@ -37,6 +37,24 @@ def test_paths_follow_row_length():
     assert e["partials_added_in"] in ("phase C", "phase A, pairs of rows", "phase A, column chunks")
 
 
+@pytest.mark.parametrize("cols", [16, 56, 128, 256, 1024])
+@pytest.mark.parametrize("dtype", [np.float32, bfloat16])
+def test_forward_blocks_prefetch_whole_blocks_ahead(cols, dtype):
+    """Short and medium rows prefetch the same row whole blocks ahead: 32-bit
+    short rows at least 8 KB, medium rows at least 16 KB, 16-bit short rows the
+    next block (the policy's lead, policy.c)."""
+    e = cynorm.explain(np.empty((1 << 16, cols), dtype), num_threads=1)
+    assert e["path"] in ("small rows in registers", "medium rows in blocks")
+    ahead, block = e["prefetch_rows_ahead"], e["group_rows"]
+    assert ahead % block == 0 and ahead >= block
+    row_bytes = cols * np.dtype(dtype).itemsize
+    if e["path"] == "medium rows in blocks":
+        lead = 16 << 10
+    else:
+        lead = 8 << 10 if np.dtype(dtype).itemsize == 4 else block * row_bytes
+    assert ahead * row_bytes >= lead and (ahead - block) * row_bytes < lead
+
+
 def test_threads_and_team_path():
     assert cynorm.explain(np.empty((8, 8, 16), np.float32), num_threads=2)["threads"] == 1   # tiny: one thread
     old = _isa.kernels.set_oversubscribe(True)

@@ -152,6 +152,8 @@ def explain_call(bint backward, int pair, bint center, int64_t M, int64_t N, int
             out["prefetch_rows_ahead"] = p.prefetch_rows
     else:
         out["prefetch_into"] = "L2" if p.prefetch_l2 else "L1"
+        if p.path == CN_PATH_SMALL or p.path == CN_PATH_MEDIUM:
+            out["prefetch_rows_ahead"] = p.prefetch_rows
         if p.path == CN_PATH_LONG:
             out["apply_chunk"] = p.apply_chunk
     return out

@@ -24,6 +24,21 @@
                                                       from this row size: slabs and plain stores */
 #define CN_PREFETCH_INTO_L2 1                   /* the forward row paths prefetch the next rows into L2 */
 #define CN_PREFETCH_PIECES 1                    /* phase A by chunk, 16-bit rows: the next pair's piece */
+/* The forward's blocks of short and medium rows prefetch the same row of a
+ * block at least this far ahead, in whole blocks: one block of short rows (64
+ * fp32 or fewer) or of medium rows of 8 KB or less (128 fp32, 128 or 256 bf16)
+ * is too little lead to hide DRAM's latency. 16-bit short rows, whose
+ * arithmetic takes longer per byte, keep the next block (benchmarks/README.md,
+ * "A second CPU kind" and "Medium rows prefetch further ahead"; Zen 5 only). */
+#define CN_SHORT_PREFETCH_BYTES ((int64_t)8 << 10)
+#define CN_MEDIUM_PREFETCH_BYTES ((int64_t)16 << 10)
+
+/* Rows ahead: whole blocks of `rows` rows of `row_bytes`, at least `lead` bytes */
+static int64_t rows_ahead(int64_t rows, int64_t row_bytes, int64_t lead)
+{
+    const int64_t block = rows * row_bytes;
+    return rows * ((lead + block - 1) / block);
+}
 
 #define CN_TUNABLE_DEFAULT(name, dflt, what) .name = (dflt),
 #define CN_TUNABLES_DEFAULT {CN_FOR_EACH_TUNABLE(CN_TUNABLE_DEFAULT)}
@@ -119,10 +134,13 @@ static void forward_policy(const cn_tunables *t, const cn_call *c, int T, cn_pol
     if (N <= c->small_max) {
         p->path = CN_PATH_SMALL;
         p->group_rows = CN_SMALL_BLOCK;
+        p->prefetch_rows = c->x_size < 4 ? CN_SMALL_BLOCK
+                                         : rows_ahead(CN_SMALL_BLOCK, row_bytes, CN_SHORT_PREFETCH_BYTES);
     } else if (row_bytes <= CN_MED_ROW_BYTES && N <= CN_CHUNK) {
         p->path = CN_PATH_MEDIUM;
         p->group_rows = row_bytes * CN_SMALL_BLOCK <= t->medium_block_bytes ? CN_SMALL_BLOCK
                         : max64(t->medium_block_bytes / row_bytes, 1);
+        p->prefetch_rows = rows_ahead(p->group_rows, row_bytes, CN_MEDIUM_PREFETCH_BYTES);
     } else if (row_bytes > t->long_row_bytes) {
         p->path = CN_PATH_LONG;
         p->group_rows = long_rows_per_group(t, row_bytes, T);

@@ -350,24 +350,6 @@ CN_INLINE void prefetch_span(const xt *p, int64_t n)
     for (int64_t off = 0; off < n * (int64_t)sizeof(xt); off += 64) cn_prefetch((const char *)p + off);
 }
 
-/* The forward's rows in blocks prefetch the same row of a block at least
- * `lead` bytes ahead, in whole blocks: one block of short rows (64 fp32 or
- * fewer) or of medium rows of 8 KB or less (128 fp32, 128 or 256 bf16) is too
- * little lead to hide DRAM's latency. 16-bit short rows, whose arithmetic takes
- * longer per byte, keep the next block (benchmarks/README.md, "A second CPU
- * kind" and "Medium rows prefetch further ahead"). */
-#define CN_SHORT_PREFETCH_BYTES 8192
-#define CN_MEDIUM_PREFETCH_BYTES 16384
-CN_INLINE int64_t prefetch_rows_ahead(int64_t nrows, int64_t N, int64_t lead)
-{
-    const int64_t block = nrows * N * (int64_t)sizeof(xt);
-    return nrows * ((lead + block - 1) / block);
-}
-CN_INLINE int64_t short_prefetch_rows(int64_t nrows, int64_t N)
-{
-    return sizeof(xt) < 4 ? nrows : prefetch_rows_ahead(nrows, N, CN_SHORT_PREFETCH_BYTES);
-}
-
 /* A small row's NV vectors from storage (the last one holds `tail` lanes). */
 CN_INLINE void load_small_row(vec *v, const xt *x, const int NV, int64_t tail)
 {
