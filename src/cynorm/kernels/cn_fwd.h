@@ -200,7 +200,7 @@ CN_INLINE void fwd_small_block(const cn_fwd_args *a, int64_t r0, const int64_t n
     block_rstd(a, nrows, inv_n, m2, rstd);
     at mh[CN_SMALL_BLOCK], lr[CN_SMALL_BLOCK], rs[CN_SMALL_BLOCK];
     const int odd = block_scalars(a, r0, nrows, inv_n, pv, dd, m2, rstd, mh, lr, rs);
-    const int64_t ahead = short_prefetch_rows(nrows, N);
+    const int64_t ahead = a->pol->prefetch_rows;
     for (i = 0; i < nrows; i++) {                      /* normalize, rereading from L1 */
         const xt *x = X + i * N;
         xt *y = Y + i * N;
@@ -282,7 +282,7 @@ CN_INLINE void fwd_med_block(const cn_fwd_args *a, int64_t r0, const int64_t nro
     block_rstd(a, nrows, inv_n, m2, rstd);
     at mh[CN_SMALL_BLOCK], lr[CN_SMALL_BLOCK], rs[CN_SMALL_BLOCK];
     const int odd = block_scalars(a, r0, nrows, inv_n, pv, dd, m2, rstd, mh, lr, rs);
-    const int64_t ahead = prefetch_rows_ahead(nrows, N, CN_MEDIUM_PREFETCH_BYTES);
+    const int64_t ahead = a->pol->prefetch_rows;
     for (i = 0; i < nrows; i++) {                      /* normalize, rereading from cache */
         const xt *x = X + i * N;
         if (CN_UNLIKELY(odd) && wants_rescue(a, x, dd[i], m2[i], inv_n)) {
