@@ -3,7 +3,12 @@
 
 Channels-last GroupNorm, cynorm against torch 2.13's F.group_norm on the same
 memory (an NCHW tensor in channels_last format), in ONE process: the calls
-alternate, 21 rounds of 20 calls each, fresh outputs, medians. bench.py
+alternate, 21 rounds of 20 calls each, fresh outputs, medians. Each block of
+20 calls starts after a 5 ms pause and one untimed call: torch and cynorm each
+bring an OpenMP runtime, and at 2 threads one runtime's threads, still
+spinning after its last call, would otherwise take a core from the other's
+first calls (without the pause, (2,320,64,64) fp32 fwd read 0.72-0.98; with
+it, 1.17-1.36). bench.py
 groupnorm times each library in its own worker process; on a shared VM the
 process a library lands in can move a small strided walk by 20-40% (which
 physical pages its arrays get), so this is the side-by-side check for the
@@ -42,7 +47,7 @@ for (N, C, H, W), G in [((2, 1280, 16, 16), 32), ((2, 640, 32, 32), 32), ((2, 32
             ts = {"cynorm": [], "torch": []}
             for _ in range(21):
                 for k, f in (("cynorm", fc), ("torch", ft)):
-                    f(); t0 = time.perf_counter()
+                    time.sleep(0.005); f(); t0 = time.perf_counter()
                     for _ in range(20): f()
                     ts[k].append((time.perf_counter() - t0) / 20 * 1e3)
             mc, mt = np.median(ts["cynorm"]), np.median(ts["torch"])
