@@ -55,6 +55,26 @@ def test_forward_blocks_prefetch_whole_blocks_ahead(cols, dtype):
     assert ahead * row_bytes >= lead and (ahead - block) * row_bytes < lead
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("cols", [96, 128, 256, 512, 2048])
+@pytest.mark.parametrize("dtype", [np.float32, bfloat16])
+def test_backward_rows_prefetch_whole_groups_ahead(cols, dtype, threads):
+    """The backward's rows prefetch whole groups ahead, at least 8 KB of a row
+    stream over all threads (each of T threads 1/T of it), one group at least
+    (the policy's lead, policy.c)."""
+    old = _isa.kernels.set_oversubscribe(True)
+    try:
+        e = cynorm.explain(np.empty((1 << 17, cols), dtype), num_threads=threads, backward=True)
+    finally:
+        _isa.kernels.set_oversubscribe(old)
+    assert e["path"] == "rows by chunks"
+    ahead, group, t = e["prefetch_rows_ahead"], e["group_rows"], e["threads"]
+    assert ahead % group == 0 and ahead >= group
+    row_bytes, lead = cols * np.dtype(dtype).itemsize, (8 << 10) // t
+    assert ahead == group or (ahead * row_bytes >= lead and (ahead - group) * row_bytes < lead)
+    assert (ahead == group) == (group * row_bytes >= lead)
+
+
 def test_threads_and_team_path():
     assert cynorm.explain(np.empty((8, 8, 16), np.float32), num_threads=2)["threads"] == 1   # tiny: one thread
     old = _isa.kernels.set_oversubscribe(True)

@@ -32,6 +32,12 @@
  * "A second CPU kind" and "Medium rows prefetch further ahead"; Zen 5 only). */
 #define CN_SHORT_PREFETCH_BYTES ((int64_t)8 << 10)
 #define CN_MEDIUM_PREFETCH_BYTES ((int64_t)16 << 10)
+/* The backward's rows (pass 2 prefetches the rows pass 1 takes next) keep at
+ * least this much of each row stream in flight over all threads, in whole
+ * groups: each of T threads 1/T of it, as the threads share DRAM's bandwidth
+ * and latency (benchmarks/README.md, "Backward rows prefetch further ahead";
+ * Zen 5 only). */
+#define CN_BWD_PREFETCH_BYTES ((int64_t)8 << 10)
 
 /* Rows ahead: whole blocks of `rows` rows of `row_bytes`, at least `lead` bytes */
 static int64_t rows_ahead(int64_t rows, int64_t row_bytes, int64_t lead)
@@ -191,8 +197,9 @@ static void backward_policy(const cn_tunables *t, const cn_call *c, int T, cn_po
     const int64_t RB = pair_bytes * CN_ROW_GROUP_MAX <= t->bwd_group_bytes ? CN_ROW_GROUP_MAX
                        : pair_bytes * 2 <= t->bwd_group_bytes ? 2 : 1;
     p->group_rows = RB;
-    p->prefetch_rows = c->x_size >= 4 && pair_bytes * p->group_rows >= t->bwd_far_bytes ? 2 * p->group_rows
-                                                                                      : p->group_rows;
+    const int64_t far = c->x_size >= 4 && pair_bytes * p->group_rows >= t->bwd_far_bytes ? 2 * p->group_rows
+                                                                                       : p->group_rows;
+    p->prefetch_rows = max64(far, rows_ahead(p->group_rows, row_bytes, CN_BWD_PREFETCH_BYTES / p->threads));
     /* aligned 32-bit rows with partials, where the level streams several rows
      * at once: pass 1 only sums, pass 2 adds the rows into the partials */
     p->late_parts = c->multirow_stream && c->x_size >= 4 && k > 0 && c->in_addr % 64 == 0 && row_bytes % 64 == 0;
