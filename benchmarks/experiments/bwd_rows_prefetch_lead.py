@@ -1,11 +1,13 @@
 #!/usr/bin/env python
-"""T=<threads> python benchmarks/experiments/bwd_rows_prefetch_lead.py [SHAPES] [MODES]
+"""T=<threads> [KNOB=BWDSPF] python benchmarks/experiments/bwd_rows_prefetch_lead.py [SHAPES] [MODES]
 
 The backward's row path (pass 2 prefetches the rows pass 1 takes next): one
 group of rows ahead (before) against at least CN_BWD_PREFETCH_BYTES of each row
 stream over all threads, in whole groups (the policy now), in ONE process.
+KNOB=BWDSPF: the short rows instead (the next block of 16 rows before; 32-bit
+rows now CN_SHORT_PREFETCH_BYTES over all threads; give short SHAPES).
 Needs a build with bwd_rows_prefetch_lead.patch applied (core/policy.c reads
-BWDPF=<bytes>; 0: one group ahead, as before). Rounds alternate; out= on
+BWDPF=<bytes> and BWDSPF=<bytes>; 0: as before). Rounds alternate; out= on
 both sides; the outputs of every call must be bit-identical. Speed = before's
 time / now's time (above 1: the longer lead is faster)."""
 import os, sys, time
@@ -17,11 +19,14 @@ MODES = sys.argv[2] if len(sys.argv) > 2 else "fp32,bf16,mixed"
 SETTINGS = {"before": "0", "now": None}
 
 
+KNOB = os.environ.get("KNOB", "BWDPF")
+
+
 def use(setting):
     if setting is None:
-        os.environ.pop("BWDPF", None)
+        os.environ.pop(KNOB, None)
     else:
-        os.environ["BWDPF"] = setting
+        os.environ[KNOB] = setting
 
 
 for shape in [tuple(int(v) for v in s.split("x")) for s in SHAPES.split(",")]:

@@ -149,6 +149,7 @@ def explain_call(bint backward, int pair, bint center, int64_t M, int64_t N, int
         elif p.path == CN_PATH_ROWS:
             out["pass1_rows"] = p.pass1_rows
             out["partials_added_in"] = "pass 2" if p.late_parts else "pass 1"
+        if p.path == CN_PATH_ROWS or p.path == CN_PATH_SMALL:
             out["prefetch_rows_ahead"] = p.prefetch_rows
     else:
         out["prefetch_into"] = "L2" if p.prefetch_l2 else "L1"

@@ -29,7 +29,9 @@
  * fp32 or fewer) or of medium rows of 8 KB or less (128 fp32, 128 or 256 bf16)
  * is too little lead to hide DRAM's latency. 16-bit short rows, whose
  * arithmetic takes longer per byte, keep the next block (benchmarks/README.md,
- * "A second CPU kind" and "Medium rows prefetch further ahead"; Zen 5 only). */
+ * "A second CPU kind" and "Medium rows prefetch further ahead"; Zen 5 only).
+ * The backward's short rows too, each of T threads 1/T of the lead ("Backward
+ * rows prefetch further ahead"). */
 #define CN_SHORT_PREFETCH_BYTES ((int64_t)8 << 10)
 #define CN_MEDIUM_PREFETCH_BYTES ((int64_t)16 << 10)
 /* The backward's rows (pass 2 prefetches the rows pass 1 takes next) keep at
@@ -190,6 +192,9 @@ static void backward_policy(const cn_tunables *t, const cn_call *c, int T, cn_po
     if (N <= c->small_max) {
         p->path = CN_PATH_SMALL;
         p->group_rows = CN_SMALL_BLOCK;
+        /* as the forward's short rows, each thread its share of the lead */
+        p->prefetch_rows = c->x_size < 4 ? CN_SMALL_BLOCK
+                                         : rows_ahead(CN_SMALL_BLOCK, row_bytes, CN_SHORT_PREFETCH_BYTES / p->threads);
         return;
     }
     p->path = CN_PATH_ROWS;

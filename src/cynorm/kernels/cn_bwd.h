@@ -180,8 +180,8 @@ CN_INLINE void bwd_small_block(const cn_bwd_args *a, int64_t r0, const int64_t n
         const vec Mv = VOP(set1)(center ? MEAN[r0 + i] : (at)0), Rv = VOP(set1)(RSTD[r0 + i]);
         const vec C1 = VOP(set1)(c1[i]), C2 = VOP(set1)(c2[i]);
         vec o[8];
-        prefetch_span(X + (nrows + i) * N, N);     /* the same row of the next block */
-        prefetch_span(DY + (nrows + i) * N, N);
+        prefetch_span(X + (a->pol->prefetch_rows + i) * N, N);     /* the same row some blocks ahead */
+        prefetch_span(DY + (a->pol->prefetch_rows + i) * N, N);
         CN_UNROLL for (k = 0; k < NV; k++) {
             TERMS(k);
             const vec t = center ? VOP(sub)(g, C1) : g;
