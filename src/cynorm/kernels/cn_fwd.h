@@ -253,6 +253,29 @@ static void fwd_small(const cn_fwd_args *a, int64_t r0, int64_t r1)
 
 /* ----------------------------------------------- forward: medium rows -- */
 
+/* A block's normalizing passes, rereading its rows from cache: specialised per
+ * (center, weight?, bias?, stream?) once a block, not row by row (a call and
+ * four branches per row cost rows of 96-256 8-24%: benchmarks/README.md) */
+CN_INLINE void fwd_med_normalize(const cn_fwd_args *a, int64_t r0, int64_t nrows, int odd, const double *dd,
+                                 const double *m2, double inv_n, const at *mh, const at *lr, const at *rs,
+                                 const int C, const int W, const int B, const int S)
+{
+    const int64_t N = a->N, ahead = a->pol->prefetch_rows;
+    const xt *X = (const xt *)a->x + r0 * N;
+    xt *Y = (xt *)a->y + r0 * N;
+    for (int64_t i = 0; i < nrows; i++) {              /* normalize, rereading from cache */
+        const xt *x = X + i * N;
+        if (CN_UNLIKELY(odd) && wants_rescue(a, x, dd[i], m2[i], inv_n)) {
+            fwd_rescue(a, r0 + i);                 /* (writes its own mean and rstd) */
+            continue;
+        }
+        /* prefetch the same row some blocks ahead */
+        const int64_t npf = r0 + i + ahead < a->M ? N : 0;
+        normalize_impl(x, Y + i * N, (const pt *)a->w, (const pt *)a->b, N, mh[i], lr[i], rs[i], C, W, B, S,
+                       x + ahead * N, npf, a->pol->prefetch_l2);
+    }
+}
+
 /* Rows longer than SMALL_MAX, of at most CN_MED_ROW_BYTES, pol->group_rows
  * at a time in the small-row kernel's phases: per-row sums reduced a block at
  * a time, one vectorizable rstd loop, then the normalizing passes from L1/L2,
@@ -264,7 +287,6 @@ CN_INLINE void fwd_med_block(const cn_fwd_args *a, int64_t r0, const int64_t nro
 {
     const int64_t N = a->N;
     const xt *X = (const xt *)a->x + r0 * N;
-    xt *Y = (xt *)a->y + r0 * N;
     at pv[CN_SMALL_BLOCK], q[CN_SMALL_BLOCK];
     double dd[CN_SMALL_BLOCK], m2[CN_SMALL_BLOCK], rstd[CN_SMALL_BLOCK];
     vec sv[CN_SMALL_BLOCK], qv[CN_SMALL_BLOCK];
@@ -282,18 +304,11 @@ CN_INLINE void fwd_med_block(const cn_fwd_args *a, int64_t r0, const int64_t nro
     block_rstd(a, nrows, inv_n, m2, rstd);
     at mh[CN_SMALL_BLOCK], lr[CN_SMALL_BLOCK], rs[CN_SMALL_BLOCK];
     const int odd = block_scalars(a, r0, nrows, inv_n, pv, dd, m2, rstd, mh, lr, rs);
-    const int64_t ahead = a->pol->prefetch_rows;
-    for (i = 0; i < nrows; i++) {                      /* normalize, rereading from cache */
-        const xt *x = X + i * N;
-        if (CN_UNLIKELY(odd) && wants_rescue(a, x, dd[i], m2[i], inv_n)) {
-            fwd_rescue(a, r0 + i);                 /* (writes its own mean and rstd) */
-            continue;
-        }
-        /* prefetch the same row some blocks ahead */
-        const int64_t npf = r0 + i + ahead < a->M ? N : 0;
-        normalize_lr(x, Y + i * N, (const pt *)a->w, (const pt *)a->b, N, mh[i], lr[i], rs[i], center,
-                     a->pol->stream, x + ahead * N, npf, a->pol->prefetch_l2);
-    }
+#define MED_(C, W, B, S) fwd_med_normalize(a, r0, nrows, odd, dd, m2, inv_n, mh, lr, rs, C, W, B, S)
+#define MED_S(C, W, B) (a->pol->stream ? MED_(C, W, B, 1) : MED_(C, W, B, 0))
+    CN_NORM_DISPATCH(center, a->w, a->b, MED_S);
+#undef MED_S
+#undef MED_
 }
 
 static void fwd_med(const cn_fwd_args *a, int64_t r0, int64_t r1)

@@ -213,6 +213,19 @@ CN_INLINE void normalize_impl(const xt *x, xt *y, const pt *w, const pt *b, int6
 #undef STEP2
 }
 
+/* F(C, W, B) for the specialisations of the normalizing pass: LayerNorm (C) with
+ * or without weight (W) and bias (B); RMSNorm with or without weight */
+#define CN_NORM_DISPATCH(center, w, b, F)                                          \
+    do {                                                                           \
+        if (center) {                                                              \
+            if ((w) && (b)) F(1, 1, 1);                                            \
+            else if (w) F(1, 1, 0);                                                \
+            else if (b) F(1, 0, 1);                                                \
+            else F(1, 0, 0);                                                       \
+        } else if (w) F(0, 1, 0);                                                  \
+        else F(0, 0, 0);                                                           \
+    } while (0)
+
 /* normalize_impl for a mean split into hi and lr = -lo * rstd (split_mean),
  * specialised per (center, weight?, bias?, stream?): no branches in the hot loop */
 static void normalize_lr(const xt *x, xt *y, const pt *w, const pt *b, int64_t n, at hi, at lr, at rstd,
@@ -221,15 +234,7 @@ static void normalize_lr(const xt *x, xt *y, const pt *w, const pt *b, int64_t n
 #define N_(C, W, B)                                                               \
     (stream ? normalize_impl(x, y, w, b, n, hi, lr, rstd, C, W, B, 1, pf, npf, pf_l2) \
             : normalize_impl(x, y, w, b, n, hi, lr, rstd, C, W, B, 0, pf, npf, pf_l2))
-    if (center) {
-        if (w && b) N_(1, 1, 1);
-        else if (w) N_(1, 1, 0);
-        else if (b) N_(1, 0, 1);
-        else N_(1, 0, 0);
-    } else {
-        if (w) N_(0, 1, 0);
-        else N_(0, 0, 0);
-    }
+    CN_NORM_DISPATCH(center, w, b, N_);
 #undef N_
 }
 
