@@ -231,6 +231,33 @@ static void bwd_small(const cn_bwd_args *a, int64_t r0, int64_t r1, at *dwp, at 
 #undef BWD_SMALL
 }
 
+/* Pass 2 of a group of rows without partials: each row's dx from its sums (as
+ * bwd_dx_range), specialised per (center, weight?, stream?) once a group, not
+ * row by row (rows of 96-128: 3-10%, benchmarks/README.md) */
+CN_INLINE void bwd_dx_group_impl(const cn_bwd_args *a, int64_t r, int ng, const double *sums, const int C,
+                                 const int W, const int S)
+{
+    const int64_t N = a->N, ahead = a->pol->prefetch_rows;
+    for (int i = 0; i < ng; i++) {
+        const int64_t rr = r + i, npf = rr + ahead < a->M ? a->pol->prefetch_elems : 0;
+        const at mean = C ? ((const at *)a->mean)[rr] : (at)0, rstd = ((const at *)a->rstd)[rr];
+        const at k1 = (at)(sums[2 * i] / (double)N), k2 = (at)(sums[2 * i + 1] / (double)N);
+        const xt *dh = a->dh ? (const xt *)a->dh + rr * N : NULL;
+        dx_row((const xt *)a->dy + rr * N, (const xt *)a->x + rr * N, W ? (const pt *)a->w : NULL, dh,
+               (xt *)a->dx + rr * N, N, mean, rstd, k1, k2, C, W, S, ahead * N, npf, NULL, NULL, 0, 0);
+    }
+}
+
+static void bwd_dx_group(const cn_bwd_args *a, int64_t r, int ng, const double *sums)
+{
+#define G_(C, W, S) bwd_dx_group_impl(a, r, ng, sums, C, W, S)
+#define G_S(C, W) (a->pol->stream ? G_(C, W, 1) : G_(C, W, 0))
+    if (a->center) { if (a->w) G_S(1, 1); else G_S(1, 0); }
+    else { if (a->w) G_S(0, 1); else G_S(0, 0); }
+#undef G_S
+#undef G_
+}
+
 /* ----------------------------------------------------------------- rows -- */
 
 /* Rows [r0, r1) of one block; dwp/dbp (N values each, or NULL) receive the
@@ -271,10 +298,7 @@ static void bwd_rows(const cn_bwd_args *a, int64_t r0, int64_t r1, void *dwp, vo
         if (late_parts) {
             bwd_dx_rows_acc(a, r, ng, 0, N, sums, (at *)dwp, (at *)dbp, r0, 0, 0);
         } else {
-            for (int i = 0; i < ng; i++) {
-                const int64_t rr = r + i, npf = rr + pol->prefetch_rows < a->M ? pol->prefetch_elems : 0;
-                bwd_dx_range(a, rr, 0, N, sums[2 * i], sums[2 * i + 1], pol->prefetch_rows * N, npf, NULL, NULL, 0);
-            }
+            bwd_dx_group(a, r, ng, sums);
         }
     }
     if (pol->stream) cn_stream_fence();
