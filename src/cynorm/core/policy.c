@@ -30,14 +30,14 @@
  * is too little lead to hide DRAM's latency. 16-bit short rows, whose
  * arithmetic takes longer per byte, keep the next block (benchmarks/README.md,
  * "A second CPU kind" and "Medium rows prefetch further ahead"; Zen 5 only).
- * The backward's short rows too, each of T threads 1/T of the lead ("Backward
- * rows prefetch further ahead"). */
+ * The backward's short rows too, each of T threads 1/T of the lead ("Rows of
+ * 96-512"). */
 #define CN_SHORT_PREFETCH_BYTES ((int64_t)8 << 10)
 #define CN_MEDIUM_PREFETCH_BYTES ((int64_t)16 << 10)
 /* The backward's rows (pass 2 prefetches the rows pass 1 takes next) keep at
  * least this much of each row stream in flight over all threads, in whole
  * groups: each of T threads 1/T of it, as the threads share DRAM's bandwidth
- * and latency (benchmarks/README.md, "Backward rows prefetch further ahead";
+ * and latency (benchmarks/README.md, "Rows of 96-512";
  * Zen 5 only). */
 #define CN_BWD_PREFETCH_BYTES ((int64_t)8 << 10)
 
