@@ -3,8 +3,8 @@
 
 How far ahead the forward's medium rows prefetch (core/policy.c's prefetch_rows
 for them), in one process: needs a build with medium_prefetch_lead.patch applied,
-which reads the lead (bytes, rounded up to whole blocks; 1 = the next block, 0 =
-none) from $MEDPF once per call. LayerNorm forward, out= (all three outputs), weight and
+which reads the lead (bytes, rounded up to whole blocks; 1 = the next block)
+from $MEDPF once per call. LayerNorm forward, out= (all three outputs), weight and
 bias, rows of 128, 256 and 96 (SHAPES= to change), fp32/bf16/mixed; 9 rounds
 alternating the leads, each round as many calls as take about 30 ms; medians.
 Speed = the first lead's time / each other lead's time."""

@@ -41,11 +41,12 @@
  * Zen 5 only). */
 #define CN_BWD_PREFETCH_BYTES ((int64_t)8 << 10)
 
-/* Rows ahead: whole blocks of `rows` rows of `row_bytes`, at least `lead` bytes */
+/* Rows ahead: whole blocks of `rows` rows of `row_bytes`, at least `lead` bytes
+ * (one block where there is nothing to read) */
 static int64_t rows_ahead(int64_t rows, int64_t row_bytes, int64_t lead)
 {
     const int64_t block = rows * row_bytes;
-    return rows * ((lead + block - 1) / block);
+    return block > 0 && lead > block ? rows * ((lead + block - 1) / block) : rows;
 }
 
 #define CN_TUNABLE_DEFAULT(name, dflt, what) .name = (dflt),
@@ -193,8 +194,8 @@ static void backward_policy(const cn_tunables *t, const cn_call *c, int T, cn_po
         p->path = CN_PATH_SMALL;
         p->group_rows = CN_SMALL_BLOCK;
         /* as the forward's short rows, each thread its share of the lead */
-        p->prefetch_rows = c->x_size < 4 ? CN_SMALL_BLOCK
-                                         : rows_ahead(CN_SMALL_BLOCK, row_bytes, CN_SHORT_PREFETCH_BYTES / p->threads);
+        const int64_t lead = CN_SHORT_PREFETCH_BYTES / max64(p->threads, 1);
+        p->prefetch_rows = c->x_size < 4 ? CN_SMALL_BLOCK : rows_ahead(CN_SMALL_BLOCK, row_bytes, lead);
         return;
     }
     p->path = CN_PATH_ROWS;
@@ -204,7 +205,8 @@ static void backward_policy(const cn_tunables *t, const cn_call *c, int T, cn_po
     p->group_rows = RB;
     const int64_t far = c->x_size >= 4 && pair_bytes * p->group_rows >= t->bwd_far_bytes ? 2 * p->group_rows
                                                                                        : p->group_rows;
-    p->prefetch_rows = max64(far, rows_ahead(p->group_rows, row_bytes, CN_BWD_PREFETCH_BYTES / p->threads));
+    const int64_t lead = CN_BWD_PREFETCH_BYTES / max64(p->threads, 1);   /* (no rows: no threads) */
+    p->prefetch_rows = max64(far, rows_ahead(p->group_rows, row_bytes, lead));
     /* aligned 32-bit rows with partials, where the level streams several rows
      * at once: pass 1 only sums, pass 2 adds the rows into the partials */
     p->late_parts = c->multirow_stream && c->x_size >= 4 && k > 0 && c->in_addr % 64 == 0 && row_bytes % 64 == 0;
