@@ -49,6 +49,19 @@ static int64_t rows_ahead(int64_t rows, int64_t row_bytes, int64_t lead)
     return block > 0 && lead > block ? rows * ((lead + block - 1) / block) : rows;
 }
 
+/* Short rows' blocks: 32-bit rows at least `lead` bytes ahead, 16-bit rows the next block */
+static int64_t short_rows_ahead(const cn_call *c, int64_t lead)
+{
+    return c->x_size < 4 ? CN_SMALL_BLOCK : rows_ahead(CN_SMALL_BLOCK, c->N * c->x_size, lead);
+}
+
+/* Each of `threads` threads' share of a lead kept in flight over all of them
+ * (a call with no rows has no threads) */
+static int64_t lead_per_thread(int64_t lead, int threads)
+{
+    return lead / (threads > 1 ? threads : 1);
+}
+
 #define CN_TUNABLE_DEFAULT(name, dflt, what) .name = (dflt),
 #define CN_TUNABLES_DEFAULT {CN_FOR_EACH_TUNABLE(CN_TUNABLE_DEFAULT)}
 
@@ -143,8 +156,7 @@ static void forward_policy(const cn_tunables *t, const cn_call *c, int T, cn_pol
     if (N <= c->small_max) {
         p->path = CN_PATH_SMALL;
         p->group_rows = CN_SMALL_BLOCK;
-        p->prefetch_rows = c->x_size < 4 ? CN_SMALL_BLOCK
-                                         : rows_ahead(CN_SMALL_BLOCK, row_bytes, CN_SHORT_PREFETCH_BYTES);
+        p->prefetch_rows = short_rows_ahead(c, CN_SHORT_PREFETCH_BYTES);
     } else if (row_bytes <= CN_MED_ROW_BYTES && N <= CN_CHUNK) {
         p->path = CN_PATH_MEDIUM;
         p->group_rows = row_bytes * CN_SMALL_BLOCK <= t->medium_block_bytes ? CN_SMALL_BLOCK
@@ -194,8 +206,7 @@ static void backward_policy(const cn_tunables *t, const cn_call *c, int T, cn_po
         p->path = CN_PATH_SMALL;
         p->group_rows = CN_SMALL_BLOCK;
         /* as the forward's short rows, each thread its share of the lead */
-        const int64_t lead = CN_SHORT_PREFETCH_BYTES / max64(p->threads, 1);
-        p->prefetch_rows = c->x_size < 4 ? CN_SMALL_BLOCK : rows_ahead(CN_SMALL_BLOCK, row_bytes, lead);
+        p->prefetch_rows = short_rows_ahead(c, lead_per_thread(CN_SHORT_PREFETCH_BYTES, p->threads));
         return;
     }
     p->path = CN_PATH_ROWS;
@@ -205,7 +216,7 @@ static void backward_policy(const cn_tunables *t, const cn_call *c, int T, cn_po
     p->group_rows = RB;
     const int64_t far = c->x_size >= 4 && pair_bytes * p->group_rows >= t->bwd_far_bytes ? 2 * p->group_rows
                                                                                        : p->group_rows;
-    const int64_t lead = CN_BWD_PREFETCH_BYTES / max64(p->threads, 1);   /* (no rows: no threads) */
+    const int64_t lead = lead_per_thread(CN_BWD_PREFETCH_BYTES, p->threads);
     p->prefetch_rows = max64(far, rows_ahead(p->group_rows, row_bytes, lead));
     /* aligned 32-bit rows with partials, where the level streams several rows
      * at once: pass 1 only sums, pass 2 adds the rows into the partials */

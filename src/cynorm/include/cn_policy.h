@@ -117,7 +117,7 @@ typedef struct {
                                        long rows, team) */
     int64_t apply_chunk;            /* long rows: columns normalized across the group at once */
     int64_t pass1_rows;             /* backward rows: rows through pass 1 at once */
-    int64_t prefetch_rows;          /* rows ahead prefetched: backward rows' pass 2, forward blocks */
+    int64_t prefetch_rows;          /* rows ahead prefetched: forward and backward blocks, backward rows' pass 2 */
     int late_parts;                 /* backward rows: partials added in pass 2 (aligned 32-bit rows) */
     int team_parts;                 /* CN_PARTS_* */
     int prefetch_pieces;            /* team phase A by chunk: next pair's piece into L2 */

@@ -59,25 +59,32 @@ static void bwd_chunk(const cn_bwd_args *a, int64_t r, int R, int64_t c0, int64_
     }
 }
 
-/* dx of row r, columns c0..c1 from its sums; with dwp (team path) also the
- * partials (acc 1: write, 2: add). Prefetches npf elements pf on. */
+/* dx of row r, columns c0..c1 from its sums, specialised: C center, W weight,
+ * S stream, ACC partials (1: write, 2: add; with DB also dbias) */
+CN_INLINE void bwd_dx_row(const cn_bwd_args *a, int64_t r, int64_t c0, int64_t c1, double s1, double s2,
+                          int64_t pf, int64_t npf, at *dwp, at *dbp, const int C, const int W, const int S,
+                          const int ACC, const int DB)
+{
+    const int64_t N = a->N;
+    const xt *dh = a->dh ? (const xt *)a->dh + r * N + c0 : NULL;
+    const at mean = C ? ((const at *)a->mean)[r] : (at)0, rstd = ((const at *)a->rstd)[r];
+    const at k1 = (at)(s1 / (double)N), k2 = (at)(s2 / (double)N);
+    dx_row((const xt *)a->dy + r * N + c0, (const xt *)a->x + r * N + c0, W ? (const pt *)a->w + c0 : NULL, dh,
+           (xt *)a->dx + r * N + c0, c1 - c0, mean, rstd, k1, k2, C, W, S, pf, npf, ACC ? dwp + c0 : NULL,
+           ACC && DB ? dbp + c0 : NULL, ACC, DB);
+}
+
+/* bwd_dx_row for any call; with dwp (team path) also the partials (acc 1:
+ * write, 2: add). Prefetches npf elements pf on. */
 static void bwd_dx_range(const cn_bwd_args *a, int64_t r, int64_t c0, int64_t c1, double s1, double s2,
                          int64_t pf, int64_t npf, at *dwp, at *dbp, int acc)
 {
-    const int64_t N = a->N, n = c1 - c0;
-    const xt *dy = (const xt *)a->dy + r * N + c0, *x = (const xt *)a->x + r * N + c0;
-    xt *dx = (xt *)a->dx + r * N + c0;
-    const xt *dh = a->dh ? (const xt *)a->dh + r * N + c0 : NULL;
-    const pt *w = a->w ? (const pt *)a->w + c0 : NULL;
-    const at mean = a->center ? ((const at *)a->mean)[r] : (at)0, rstd = ((const at *)a->rstd)[r];
-    const at k1 = (at)(s1 / (double)N), k2 = (at)(s2 / (double)N);
-    if (dwp) { dwp += c0; if (dbp) dbp += c0; }
 #define DX(C, W, ACC, DB) \
-    (a->pol->stream ? dx_row(dy, x, w, dh, dx, n, mean, rstd, k1, k2, C, W, 1, pf, npf, dwp, dbp, ACC, DB) \
-               : dx_row(dy, x, w, dh, dx, n, mean, rstd, k1, k2, C, W, 0, pf, npf, dwp, dbp, ACC, DB))
-    if (!dwp || !w) {
-        if (a->center) { if (w) DX(1, 1, 0, 0); else DX(1, 0, 0, 0); }
-        else { if (w) DX(0, 1, 0, 0); else DX(0, 0, 0, 0); }
+    (a->pol->stream ? bwd_dx_row(a, r, c0, c1, s1, s2, pf, npf, dwp, dbp, C, W, 1, ACC, DB) \
+                    : bwd_dx_row(a, r, c0, c1, s1, s2, pf, npf, dwp, dbp, C, W, 0, ACC, DB))
+    if (!dwp || !a->w) {
+        if (a->center) { if (a->w) DX(1, 1, 0, 0); else DX(1, 0, 0, 0); }
+        else { if (a->w) DX(0, 1, 0, 0); else DX(0, 0, 0, 0); }
     } else if (a->center) {
         if (acc == 1) DX(1, 1, 1, 1); else DX(1, 1, 2, 1);
     } else {
@@ -231,30 +238,25 @@ static void bwd_small(const cn_bwd_args *a, int64_t r0, int64_t r1, at *dwp, at 
 #undef BWD_SMALL
 }
 
-/* Pass 2 of a group of rows without partials: each row's dx from its sums (as
- * bwd_dx_range), specialised per (center, weight?, stream?) once a group, not
- * row by row (rows of 96-128: 3-10%, benchmarks/README.md) */
+/* Pass 2 of a group of rows without partials: bwd_dx_row for each, specialised
+ * per (center, weight?, stream?) once a group, not row by row (rows of 96-128:
+ * 3-10%, benchmarks/README.md) */
 CN_INLINE void bwd_dx_group_impl(const cn_bwd_args *a, int64_t r, int ng, const double *sums, const int C,
                                  const int W, const int S)
 {
-    const int64_t N = a->N, ahead = a->pol->prefetch_rows;
+    const int64_t ahead = a->pol->prefetch_rows;
     for (int i = 0; i < ng; i++) {
-        const int64_t rr = r + i, npf = rr + ahead < a->M ? a->pol->prefetch_elems : 0;
-        const at mean = C ? ((const at *)a->mean)[rr] : (at)0, rstd = ((const at *)a->rstd)[rr];
-        const at k1 = (at)(sums[2 * i] / (double)N), k2 = (at)(sums[2 * i + 1] / (double)N);
-        const xt *dh = a->dh ? (const xt *)a->dh + rr * N : NULL;
-        dx_row((const xt *)a->dy + rr * N, (const xt *)a->x + rr * N, W ? (const pt *)a->w : NULL, dh,
-               (xt *)a->dx + rr * N, N, mean, rstd, k1, k2, C, W, S, ahead * N, npf, NULL, NULL, 0, 0);
+        const int64_t npf = r + i + ahead < a->M ? a->pol->prefetch_elems : 0;
+        bwd_dx_row(a, r + i, 0, a->N, sums[2 * i], sums[2 * i + 1], ahead * a->N, npf, NULL, NULL,
+                   C, W, S, 0, 0);
     }
 }
 
 static void bwd_dx_group(const cn_bwd_args *a, int64_t r, int ng, const double *sums)
 {
-#define G_(C, W, S) bwd_dx_group_impl(a, r, ng, sums, C, W, S)
-#define G_S(C, W) (a->pol->stream ? G_(C, W, 1) : G_(C, W, 0))
-    if (a->center) { if (a->w) G_S(1, 1); else G_S(1, 0); }
-    else { if (a->w) G_S(0, 1); else G_S(0, 0); }
-#undef G_S
+#define G_(C, W, B) (a->pol->stream ? bwd_dx_group_impl(a, r, ng, sums, C, W, 1) \
+                                    : bwd_dx_group_impl(a, r, ng, sums, C, W, 0))
+    CN_NORM_DISPATCH(a->center, a->w, 0, G_);   /* (no bias in the backward's dx) */
 #undef G_
 }
 
