@@ -67,8 +67,9 @@ static inline int64_t cn_block_rows(int64_t M, int64_t N, int acc_size)
 #define CN_GN_AHEAD 16
 
 /* Doubles of scratch a GroupNorm channels-last sample takes (C channels):
- * 7 slots of C for its sums and scalars, and where its stores stream 5 more for
- * the scalars rotated (cn_group.h). */
-#define CN_GN_SCRATCH(C, streamed) (((streamed) ? 12 : 7) * (C))
+ * 7 slots of C for its sums and scalars, then 3 for the forward's group
+ * moments (at most C groups), and where its stores stream 5 in all there for
+ * the scalars rotated, after the moments are done with (cn_group.h). */
+#define CN_GN_SCRATCH(C, streamed) (((streamed) ? 12 : 10) * (C))
 
 #endif /* CN_ORDER_H */

@@ -212,11 +212,11 @@ CN_INLINE void gn_bwd_sample_impl(const cn_gn_bwd_args *a, int64_t n, double *pa
     at *mv = (at *)scratch, *rv = mv + C, *c1v = mv + 2 * C, *c2v = mv + 3 * C;   /* per channel */
     double *A = part + n * 2 * C, *B = A + C;
     int64_t c, s0, k, g;
-    for (c = 0; c < C; c++) {
-        mv[c] = ((const at *)a->mean)[n * G + c / Cg];
-        rv[c] = ((const at *)a->rstd)[n * G + c / Cg];
-        A[c] = B[c] = 0.0;
+    for (g = 0; g < G; g++) {   /* (no division per channel) */
+        const at mg = ((const at *)a->mean)[n * G + g], rg = ((const at *)a->rstd)[n * G + g];
+        for (c = g * Cg; c < (g + 1) * Cg; c++) { mv[c] = mg; rv[c] = rg; }
     }
+    for (c = 0; c < C; c++) A[c] = B[c] = 0.0;
     for (s0 = 0; s0 < S; s0 += CN_GN_POSITIONS)
         gn_grads(a, n, s0, s0 + CN_GN_POSITIONS < S ? s0 + CN_GN_POSITIONS : S, mv, rv, A, B);
     for (g = 0; g < G; g++) {

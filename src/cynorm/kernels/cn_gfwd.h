@@ -186,12 +186,6 @@ static void gn_fwd_rows(const cn_gn_fwd_args *a, int64_t r0, int64_t r1)
 
 /* ----------------------------------------- channels-last samples -- */
 
-/* The lanes of channels [c0, c0 + t) of the row at position s of sample n */
-CN_INLINE vec gn_lanes(const cn_gn_fwd_args *a, int64_t n, int64_t s, int64_t c0, int64_t t, const int full)
-{
-    return load_x_t((const xt *)a->x + (n * a->S + s) * a->C + c0, t, full);
-}
-
 /* Per-channel sums of x - P and of (x - P)^2 over positions [s0, s1), for NV
  * channel vectors from c0 at once (the last one `tail` lanes; tail_full: it is
  * full), added into the double totals. Each lane adds its positions in order,
@@ -321,6 +315,38 @@ CN_INLINE void gn_apply(const cn_gn_fwd_args *a, int64_t n, int64_t s0, int64_t 
     }
 }
 
+/* Pivots of NV channel vectors from c0: the mean of each channel's first
+ * `head` positions (each lane adds its positions in order). */
+CN_INLINE void gn_tile_pivots(const cn_gn_fwd_args *a, int64_t n, int64_t head, int64_t c0, const int NV,
+                              int64_t tail, const int tail_full, at *piv)
+{
+    vec acc[CN_GN_TILE];
+    at lanes[VL];
+    int k;
+    CN_UNROLL for (k = 0; k < NV; k++) acc[k] = VOP(zero)();
+    const xt *row = (const xt *)a->x + n * a->S * a->C + c0;
+    for (int64_t s = 0; s < head; s++, row += a->C)
+        CN_UNROLL for (k = 0; k < NV; k++) acc[k] = VOP(add)(acc[k], load_x_t(row + k * VL, GN_LANES(k), GN_FULL(k)));
+    CN_UNROLL for (k = 0; k < NV; k++) {
+        store_a_t(lanes, acc[k], GN_LANES(k), GN_FULL(k));
+        for (int64_t i = 0; i < GN_LANES(k); i++) piv[c0 + k * VL + i] = (at)((double)lanes[i] / (double)head);
+    }
+}
+
+/* Moments of channel c of sample n about the group's pivot gp, from its
+ * one-pass sums about its own pivot, or redone in double where refused. */
+CN_INLINE void gn_channel_moments(const cn_gn_fwd_args *a, int64_t n, int64_t c, const at *piv, const double *ssum,
+                                  const double *qsum, at gp, cn_moments *m)
+{
+    m->n = (double)a->S;
+    if (!onepass_moments((double)piv[c], ssum[c], qsum[c], (double)a->S, gp, m)) {
+        double mean, m2;
+        gn_channel_twopass(a, n, c, &mean, &m2);
+        m->delta = mean - (double)gp;
+        m->m2 = m2;
+    }
+}
+
 /* Channels-last sample n, whole. scratch: CN_GN_SCRATCH(C, a->stream) doubles. */
 CN_INLINE void gn_sample_impl(const cn_gn_fwd_args *a, int64_t n, double *scratch, const int has_w, const int has_b)
 {
@@ -330,41 +356,33 @@ CN_INLINE void gn_sample_impl(const cn_gn_fwd_args *a, int64_t n, double *scratc
     at *piv = (at *)(scratch + 2 * C);                  /* per channel: pivot, then mean_hi, lr, rstd */
     at *mh = piv + C, *lr = piv + 2 * C, *rs = piv + 3 * C;
     unsigned char *rescue = (unsigned char *)(scratch + 6 * C);   /* per group */
-    at lanes_s[VL];
-    int64_t c0, s0, c, k;
+    int64_t s0, c, k;
     int any_rescued = 0;
     /* pivots: the mean of each channel's first `head` positions */
-    for (c0 = 0; c0 < C; c0 += VL) {
-        const int64_t t = C - c0 < VL ? C - c0 : VL;
-        vec acc = VOP(zero)();
-        for (s0 = 0; s0 < head; s0++) acc = VOP(add)(acc, gn_lanes(a, n, s0, c0, t, t == VL));
-        store_a_t(lanes_s, acc, t, t == VL);
-        for (k = 0; k < t; k++) piv[c0 + k] = (at)((double)lanes_s[k] / (double)head);
-    }
+#define TILE(c0, NV, tail, tail_full) gn_tile_pivots(a, n, head, c0, NV, tail, tail_full, piv)
+    CN_GN_FOR_TILES(C, TILE)
+#undef TILE
     for (c = 0; c < C; c++) ssum[c] = qsum[c] = 0.0;
     /* one pass: per channel, sums about the pivot, CN_GN_POSITIONS positions at a time */
     for (s0 = 0; s0 < S; s0 += CN_GN_POSITIONS)
         gn_sums(a, n, s0, s0 + CN_GN_POSITIONS < S ? s0 + CN_GN_POSITIONS : S, piv, ssum, qsum);
     /* per group: channel moments about the group's pivot (its first
-     * channel's), merged in channel order; then the row's scalars, spread
-     * over its channels */
+     * channel's), merged in channel order. The groups go side by side (the
+     * k-th channel of each, then the next), so that their merge chains
+     * overlap; each group's own sequence, so every bit, is unchanged. Then
+     * the row's scalars, spread over its channels. */
+    cn_moments *tots = (cn_moments *)(scratch + 7 * C);   /* G of them, where the slots go later */
+    for (k = 0; k < Cg; k++)
+        for (int64_t g = 0; g < a->G; g++) {
+            cn_moments m;
+            gn_channel_moments(a, n, g * Cg + k, piv, ssum, qsum, piv[g * Cg], &m);
+            if (k == 0) tots[g] = m;
+            else cn_moments_merge(&tots[g], &m);
+        }
     for (int64_t g = 0; g < a->G; g++) {
         const at gp = piv[g * Cg];
-        cn_moments tot = {0.0, 0.0, 0.0}, m;
-        for (k = 0; k < Cg; k++) {
-            c = g * Cg + k;
-            m.n = (double)S;
-            if (!onepass_moments((double)piv[c], ssum[c], qsum[c], (double)S, gp, &m)) {
-                double mean, m2;
-                gn_channel_twopass(a, n, c, &mean, &m2);
-                m.delta = mean - (double)gp;
-                m.m2 = m2;
-            }
-            if (k == 0) tot = m;
-            else cn_moments_merge(&tot, &m);
-        }
         at h = 0, l = 0, r = 0;
-        rescue[g] = !gn_finish(a, n, g, gp, &tot, &h, &l, &r);
+        rescue[g] = !gn_finish(a, n, g, gp, &tots[g], &h, &l, &r);
         any_rescued |= rescue[g];
         for (k = 0; k < Cg; k++) { mh[g * Cg + k] = h; lr[g * Cg + k] = l; rs[g * Cg + k] = r; }
     }
