@@ -1,0 +1,96 @@
+#!/usr/bin/env python
+"""python benchmarks/experiments/groupnorm_two_pass_bound.py  (1 thread)
+
+How far the UNet GroupNorm cells can go against bench.py groupnorm's floor (a
+NumPy copy of x; backward an elementwise op of x and dy). A group's mean and
+rstd come before its first output, so any exact GroupNorm reads x twice (the
+backward x and dy twice). These cells' samples (2.6-5.2 MB) exceed the L2 (the
+channels-first groups fit it; their second read then comes from L2, but the
+first one from L3 all the same), so the least such a kernel moves is NumPy
+reading x once (a max over its bits) and then copying it: the "2-read floor".
+The channels-first float32 cells also time two_pass_minimal.c (the loop
+structure of cynorm's channels-first path with none of its exactness: compiled
+here with gcc -O3 -mavx512f where the CPU has AVX-512): "minimal".
+In ONE process, the calls alternating, 9 rounds, medians; fresh outputs
+(minimal: into one preallocated aligned buffer). eff = floor / cynorm;
+bound = floor / 2-read floor; of bound = eff / bound."""
+import ctypes
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+
+import ml_dtypes
+import numpy as np
+
+import cynorm
+
+
+def timed(fn, budget=0.1):
+    ts, t0 = [], time.perf_counter()
+    while time.perf_counter() - t0 < budget:
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def minimal_kernel():
+    """two_pass_minimal from two_pass_minimal.c, or None where it cannot be built or run here"""
+    if "avx512f" not in open("/proc/cpuinfo").read():
+        return None
+    lib = os.path.join(tempfile.mkdtemp(), "two_pass_minimal.so")
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "two_pass_minimal.c")
+    if subprocess.run(["gcc", "-O3", "-mavx512f", "-mfma", "-shared", "-fPIC", "-o", lib, src]).returncode:
+        return None
+    fn = ctypes.CDLL(lib).two_pass_minimal
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
+    return fn
+
+
+def aligned(n, dt):
+    buf = np.empty(n * np.dtype(dt).itemsize + 64, np.uint8)
+    off = -buf.ctypes.data % 64
+    return buf[off:off + n * np.dtype(dt).itemsize].view(dt)
+
+
+minimal = minimal_kernel()
+rng = np.random.default_rng(0)
+print("| cell | dir | cynorm ms | floor ms | 2-read floor ms | minimal ms | eff | bound | minimal eff | of bound |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+for dt in (np.float32, ml_dtypes.bfloat16):
+    bits = np.uint32 if dt == np.float32 else np.uint16
+    for N, C, H, G in ((2, 320, 64, 32), (2, 640, 32, 32), (2, 1280, 16, 32)):
+        for ax in (1, -1):
+            shape = (N, C, H, H) if ax == 1 else (N, H, H, C)
+            x = (rng.standard_normal(shape) + 3).astype(dt)
+            dy = rng.standard_normal(shape).astype(dt)
+            w = (1 + 0.1 * rng.standard_normal(C)).astype(dt)
+            b = (0.1 * rng.standard_normal(C)).astype(dt)
+            y, m, r = cynorm.group_norm_forward(x, G, w, b, channel_axis=ax, num_threads=1)
+            xb, db = x.view(bits).ravel(), dy.view(bits).ravel()
+            fns = {
+                "fwd": lambda: cynorm.group_norm_forward(x, G, w, b, channel_axis=ax, num_threads=1),
+                "bwd": lambda: cynorm.group_norm_backward(dy, x, m, r, w, num_groups=G, channel_axis=ax,
+                                                          num_threads=1),
+                "copy": lambda: xb.copy(),
+                "read+copy": lambda: (np.maximum.reduce(xb), xb.copy()),
+                "op": lambda: np.add(xb, db),
+                "read2+op": lambda: (np.maximum.reduce(xb), np.maximum.reduce(db), np.add(xb, db)),
+            }
+            if minimal and ax == 1 and dt == np.float32:
+                out = aligned(x.size, np.float32)
+                fns["minimal"] = lambda: minimal(x.ctypes.data, out.ctypes.data, x.size, x.size // (N * G))
+            got = {k: [] for k in fns}
+            for k in range(9):
+                for name, fn in (fns.items() if k % 2 == 0 else reversed(list(fns.items()))):
+                    got[name].append(timed(fn))
+            md = {k: statistics.median(v) * 1e3 for k, v in got.items()}
+            cell = f"{np.dtype(dt).name} {'nchw' if ax == 1 else 'nhwc'} {(N, C, H, H)}"
+            for d, floor, two in (("fwd", "copy", "read+copy"), ("bwd", "op", "read2+op")):
+                eff, bound = md[floor] / md[d], md[floor] / md[two]
+                mini = md.get("minimal") if d == "fwd" else None
+                print(f"| {cell} | {d} | {md[d]:.3f} | {md[floor]:.3f} | {md[two]:.3f} | "
+                      f"{f'{mini:.3f}' if mini else ''} | {eff:.2f} | {bound:.2f} | "
+                      f"{f'{md[floor] / mini:.2f}' if mini else ''} | {eff / bound:.2f} |", flush=True)

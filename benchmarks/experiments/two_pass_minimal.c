@@ -1,0 +1,47 @@
+/* The least a two-pass channels-first GroupNorm forward does, float32, AVX-512
+ * (groupnorm_two_pass_bound.py compiles and loads it): per group of L
+ * contiguous elements, one pass of sums from cache, then one normalizing pass
+ * (x - m) * r + l, * w + b with non-temporal stores, fetching the next group
+ * into L2 meanwhile -- as cynorm's channels-first path, without its exact
+ * moments, rescue checks or per-channel params. Not a correct GroupNorm: a
+ * floor for the loop structure. */
+#include <immintrin.h>
+
+static float sums(const float *x, long n)
+{
+    __m512 s[4], q[4];
+    const __m512 p = _mm512_set1_ps(0.1f);
+    for (int k = 0; k < 4; k++) s[k] = q[k] = _mm512_setzero_ps();
+    for (long i = 0; i < n; i += 64)
+        for (int k = 0; k < 4; k++) {
+            const __m512 e = _mm512_sub_ps(_mm512_loadu_ps(x + i + 16 * k), p);
+            s[k] = _mm512_add_ps(s[k], e);
+            q[k] = _mm512_fmadd_ps(e, e, q[k]);
+        }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3]))) +
+           _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(q[0], q[1]), _mm512_add_ps(q[2], q[3])));
+}
+
+static void normalize(const float *x, float *y, long n, float m, const float *next)
+{
+    const __m512 M = _mm512_set1_ps(m), R = _mm512_set1_ps(1.1f), L = _mm512_set1_ps(0.001f);
+    const __m512 W = _mm512_set1_ps(0.9f), B = _mm512_set1_ps(0.1f);
+    for (long i = 0; i < n; i += 32) {
+        if (next) {
+            _mm_prefetch((const char *)(next + i), _MM_HINT_T1);
+            _mm_prefetch((const char *)(next + i + 16), _MM_HINT_T1);
+        }
+        const __m512 a = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), M), R, L), W, B);
+        const __m512 b = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i + 16), M), R, L), W, B);
+        _mm512_stream_ps(y + i, a);
+        _mm512_stream_ps(y + i + 16, b);
+    }
+}
+
+/* y (64-byte aligned) from x: n elements in groups of L (L and n multiples of 64) */
+void two_pass_minimal(const float *x, float *y, long n, long L)
+{
+    for (long g = 0; g < n; g += L)
+        normalize(x + g, y + g, L, sums(x + g, L) * 1e-30f, g + L < n ? x + g + L : 0);
+    _mm_sfence();
+}
