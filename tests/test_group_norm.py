@@ -342,3 +342,36 @@ def test_out_overlaps_are_refused_or_copied(rng):
     got = cynorm.group_norm_forward(xs, 3, w, b, out=(ys, None, None))[0]
     assert got is ys
     assert_same_bits(ys, y0)
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_each_group_as_if_alone(pair, rng):
+    """Channels-last: a group's outputs do not depend on the other groups (the
+    forward merges every group's channel moments side by side): each group, its
+    channels cut out and normalized as one group, gives the same bits. One
+    channel of group 3 sits 1000 above its own later positions for its first
+    64, so its one-pass sums are refused and redone in double."""
+    xd, pd = pair
+    N, S, C, G = 2, 100, 96, 8
+    Cg = C // G
+    x = rng.standard_normal((N, 10, 10, C))
+    x[:, :6, :, 3 * Cg + 5] += 1000.0      # positions 0-59 of channel 41 (and 60-63 in the next row)
+    x[:, 6, :4, 3 * Cg + 5] += 1000.0
+    x = x.astype(xd)
+    w = (1 + 0.5 * rng.standard_normal(C)).astype(pd)
+    b = (0.5 * rng.standard_normal(C)).astype(pd)
+    dy = rng.standard_normal(x.shape).astype(xd)
+    y, mean, rstd = cynorm.group_norm_forward(x, G, w, b, channel_axis=-1)
+    y_ref, mean_ref, _ = ref.group_norm(x, G, w, b, channel_axis=-1)
+    accuracy.check(y, y_ref, xd, "y")
+    accuracy.check_stat(mean, mean_ref, "mean")
+    dx, dw, db = cynorm.group_norm_backward(dy, x, mean, rstd, w, num_groups=G, channel_axis=-1)
+    for g in range(G):
+        cut = slice(g * Cg, (g + 1) * Cg)
+        xg, dyg = np.ascontiguousarray(x[..., cut]), np.ascontiguousarray(dy[..., cut])
+        yg, mg, rg = cynorm.group_norm_forward(xg, 1, w[cut], b[cut], channel_axis=-1)
+        assert_same_bits(yg, np.ascontiguousarray(y[..., cut]), f"y of group {g}")
+        assert_same_bits(mg[:, 0], mean[:, g], f"mean of group {g}")
+        assert_same_bits(rg[:, 0], rstd[:, g], f"rstd of group {g}")
+        dxg, _, _ = cynorm.group_norm_backward(dyg, xg, mg, rg, w[cut], num_groups=1, channel_axis=-1)
+        assert_same_bits(dxg, np.ascontiguousarray(dx[..., cut]), f"dx of group {g}")
