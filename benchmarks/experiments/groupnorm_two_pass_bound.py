@@ -8,12 +8,14 @@ backward x and dy twice). These cells' samples (2.6-5.2 MB) exceed the L2 (the
 channels-first groups fit it; their second read then comes from L2, but the
 first one from L3 all the same), so the least such a kernel moves is NumPy
 reading x once (a max over its bits) and then copying it: the "2-read floor".
-The channels-first float32 cells also time two_pass_minimal.c (the loop
-structure of cynorm's channels-first path with none of its exactness: compiled
-here with gcc -O3 -mavx512f where the CPU has AVX-512): "minimal".
-In ONE process, the calls alternating, 9 rounds, medians; fresh outputs
-(minimal: into one preallocated aligned buffer). eff = floor / cynorm;
-bound = floor / 2-read floor; of bound = eff / bound."""
+The channels-first cells also time two_pass_minimal.c (the loop structure of
+cynorm's channels-first path with none of its exactness: compiled here with
+gcc -O3 where the CPU has AVX-512; bfloat16 where it also has AVX512_BF16):
+"minimal".
+In ONE process, the calls alternating, 9 rounds, medians; cynorm with fresh
+outputs, and forward also into preallocated aligned ones ("out="), as the
+minimal kernel writes. eff = floor / cynorm; bound = floor / 2-read floor;
+of bound = eff / bound."""
 import ctypes
 import os
 import statistics
@@ -36,29 +38,38 @@ def timed(fn, budget=0.1):
     return statistics.median(ts)
 
 
-def minimal_kernel():
-    """two_pass_minimal from two_pass_minimal.c, or None where it cannot be built or run here"""
-    if "avx512f" not in open("/proc/cpuinfo").read():
-        return None
+def minimal_kernels():
+    """{dtype: two_pass_minimal*} from two_pass_minimal.c, for what can be built and run here"""
+    flags = open("/proc/cpuinfo").read().split()
+    if "avx512f" not in flags:
+        return {}
+    bf16 = "avx512_bf16" in flags
     lib = os.path.join(tempfile.mkdtemp(), "two_pass_minimal.so")
     src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "two_pass_minimal.c")
-    if subprocess.run(["gcc", "-O3", "-mavx512f", "-mfma", "-shared", "-fPIC", "-o", lib, src]).returncode:
-        return None
-    fn = ctypes.CDLL(lib).two_pass_minimal
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
-    return fn
+    isa = ["-mavx512f", "-mfma"] + (["-mavx512bw", "-mavx512vl", "-mavx512bf16"] if bf16 else [])
+    if subprocess.run(["gcc", "-O3", *isa, "-shared", "-fPIC", "-o", lib, src]).returncode:
+        return {}
+    so = ctypes.CDLL(lib)
+    fns = {np.dtype(np.float32): so.two_pass_minimal}
+    if bf16:
+        fns[np.dtype(ml_dtypes.bfloat16)] = so.two_pass_minimal_bf16
+    for fn in fns.values():
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
+    return fns
 
 
-def aligned(n, dt):
+def aligned(shape, dt):
+    n = int(np.prod(shape))
     buf = np.empty(n * np.dtype(dt).itemsize + 64, np.uint8)
     off = -buf.ctypes.data % 64
-    return buf[off:off + n * np.dtype(dt).itemsize].view(dt)
+    return buf[off:off + n * np.dtype(dt).itemsize].view(dt).reshape(shape)
 
 
-minimal = minimal_kernel()
+minimal = minimal_kernels()
 rng = np.random.default_rng(0)
-print("| cell | dir | cynorm ms | floor ms | 2-read floor ms | minimal ms | eff | bound | minimal eff | of bound |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| cell | dir | cynorm ms | cynorm out= ms | floor ms | 2-read floor ms | minimal ms | eff | out= eff | bound "
+      "| minimal eff | of bound |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for dt in (np.float32, ml_dtypes.bfloat16):
     bits = np.uint32 if dt == np.float32 else np.uint16
     for N, C, H, G in ((2, 320, 64, 32), (2, 640, 32, 32), (2, 1280, 16, 32)):
@@ -69,9 +80,11 @@ for dt in (np.float32, ml_dtypes.bfloat16):
             w = (1 + 0.1 * rng.standard_normal(C)).astype(dt)
             b = (0.1 * rng.standard_normal(C)).astype(dt)
             y, m, r = cynorm.group_norm_forward(x, G, w, b, channel_axis=ax, num_threads=1)
+            outs = (aligned(shape, dt), np.empty_like(m), np.empty_like(r))
             xb, db = x.view(bits).ravel(), dy.view(bits).ravel()
             fns = {
                 "fwd": lambda: cynorm.group_norm_forward(x, G, w, b, channel_axis=ax, num_threads=1),
+                "fwd out=": lambda: cynorm.group_norm_forward(x, G, w, b, channel_axis=ax, num_threads=1, out=outs),
                 "bwd": lambda: cynorm.group_norm_backward(dy, x, m, r, w, num_groups=G, channel_axis=ax,
                                                           num_threads=1),
                 "copy": lambda: xb.copy(),
@@ -79,9 +92,9 @@ for dt in (np.float32, ml_dtypes.bfloat16):
                 "op": lambda: np.add(xb, db),
                 "read2+op": lambda: (np.maximum.reduce(xb), np.maximum.reduce(db), np.add(xb, db)),
             }
-            if minimal and ax == 1 and dt == np.float32:
-                out = aligned(x.size, np.float32)
-                fns["minimal"] = lambda: minimal(x.ctypes.data, out.ctypes.data, x.size, x.size // (N * G))
+            if np.dtype(dt) in minimal and ax == 1:
+                out, kernel = aligned(x.shape, dt), minimal[np.dtype(dt)]
+                fns["minimal"] = lambda: kernel(x.ctypes.data, out.ctypes.data, x.size, x.size // (N * G))
             got = {k: [] for k in fns}
             for k in range(9):
                 for name, fn in (fns.items() if k % 2 == 0 else reversed(list(fns.items()))):
@@ -91,6 +104,8 @@ for dt in (np.float32, ml_dtypes.bfloat16):
             for d, floor, two in (("fwd", "copy", "read+copy"), ("bwd", "op", "read2+op")):
                 eff, bound = md[floor] / md[d], md[floor] / md[two]
                 mini = md.get("minimal") if d == "fwd" else None
-                print(f"| {cell} | {d} | {md[d]:.3f} | {md[floor]:.3f} | {md[two]:.3f} | "
-                      f"{f'{mini:.3f}' if mini else ''} | {eff:.2f} | {bound:.2f} | "
+                pre = md.get(f"{d} out=")
+                print(f"| {cell} | {d} | {md[d]:.3f} | {f'{pre:.3f}' if pre else ''} | {md[floor]:.3f} | "
+                      f"{md[two]:.3f} | {f'{mini:.3f}' if mini else ''} | {eff:.2f} | "
+                      f"{f'{md[floor] / pre:.2f}' if pre else ''} | {bound:.2f} | "
                       f"{f'{md[floor] / mini:.2f}' if mini else ''} | {eff / bound:.2f} |", flush=True)

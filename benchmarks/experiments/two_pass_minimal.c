@@ -1,11 +1,13 @@
-/* The least a two-pass channels-first GroupNorm forward does, float32, AVX-512
- * (groupnorm_two_pass_bound.py compiles and loads it): per group of L
+/* The least a two-pass channels-first GroupNorm forward does, float32 and
+ * bfloat16, AVX-512 (groupnorm_two_pass_bound.py compiles and loads it; the
+ * bfloat16 one where the compiler has AVX512_BF16): per group of L
  * contiguous elements, one pass of sums from cache, then one normalizing pass
  * (x - m) * r + l, * w + b with non-temporal stores, fetching the next group
  * into L2 meanwhile -- as cynorm's channels-first path, without its exact
  * moments, rescue checks or per-channel params. Not a correct GroupNorm: a
  * floor for the loop structure. */
 #include <immintrin.h>
+#include <stdint.h>
 
 static float sums(const float *x, long n)
 {
@@ -45,3 +47,48 @@ void two_pass_minimal(const float *x, float *y, long n, long L)
         normalize(x + g, y + g, L, sums(x + g, L) * 1e-30f, g + L < n ? x + g + L : 0);
     _mm_sfence();
 }
+
+#ifdef __AVX512BF16__
+/* bfloat16 storage, float32 arithmetic: the same loops, each load widened
+ * (vpmovzxwd, vpslld) and each result rounded back (vcvtneps2bf16), as
+ * cynorm's AVX-512 BF16 level does */
+static __m512 load_bf16(const uint16_t *p)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+static float sums_bf16(const uint16_t *x, long n)
+{
+    __m512 s[4], q[4];
+    const __m512 p = _mm512_set1_ps(0.1f);
+    for (int k = 0; k < 4; k++) s[k] = q[k] = _mm512_setzero_ps();
+    for (long i = 0; i < n; i += 64)
+        for (int k = 0; k < 4; k++) {
+            const __m512 e = _mm512_sub_ps(load_bf16(x + i + 16 * k), p);
+            s[k] = _mm512_add_ps(s[k], e);
+            q[k] = _mm512_fmadd_ps(e, e, q[k]);
+        }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3]))) +
+           _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(q[0], q[1]), _mm512_add_ps(q[2], q[3])));
+}
+
+static void normalize_bf16(const uint16_t *x, uint16_t *y, long n, float m, const uint16_t *next)
+{
+    const __m512 M = _mm512_set1_ps(m), R = _mm512_set1_ps(1.1f), L = _mm512_set1_ps(0.001f);
+    const __m512 W = _mm512_set1_ps(0.9f), B = _mm512_set1_ps(0.1f);
+    for (long i = 0; i < n; i += 32) {
+        if (next) _mm_prefetch((const char *)(next + i), _MM_HINT_T1);
+        const __m512 a = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_sub_ps(load_bf16(x + i), M), R, L), W, B);
+        const __m512 b = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_sub_ps(load_bf16(x + i + 16), M), R, L), W, B);
+        _mm256_stream_si256((__m256i *)(y + i), (__m256i)_mm512_cvtneps_pbh(a));
+        _mm256_stream_si256((__m256i *)(y + i + 16), (__m256i)_mm512_cvtneps_pbh(b));
+    }
+}
+
+void two_pass_minimal_bf16(const uint16_t *x, uint16_t *y, long n, long L)
+{
+    for (long g = 0; g < n; g += L)
+        normalize_bf16(x + g, y + g, L, sums_bf16(x + g, L) * 1e-30f, g + L < n ? x + g + L : 0);
+    _mm_sfence();
+}
+#endif
