@@ -9,12 +9,12 @@ channels-first groups fit it; their second read then comes from L2, but the
 first one from L3 all the same), so the least such a kernel moves is NumPy
 reading x once (a max over its bits) and then copying it: the "2-read floor".
 The channels-first cells also time two_pass_minimal.c (the loop structure of
-cynorm's channels-first path with none of its exactness: compiled here with
-gcc -O3 where the CPU has AVX-512; bfloat16 where it also has AVX512_BF16):
-"minimal".
+cynorm's channels-first forward and backward with none of their exactness:
+compiled here with gcc -O3 where the CPU has AVX-512; bfloat16 where it also has
+AVX512_BF16): "minimal".
 In ONE process, the calls alternating, 9 rounds, medians; cynorm with fresh
-outputs, and forward also into preallocated aligned ones ("out="), as the
-minimal kernel writes. eff = floor / cynorm; bound = floor / 2-read floor;
+outputs, and also into preallocated aligned ones ("out="), as the minimal
+kernel writes. eff = floor / cynorm; bound = floor / 2-read floor;
 of bound = eff / bound."""
 import ctypes
 import os
@@ -39,7 +39,7 @@ def timed(fn, budget=0.1):
 
 
 def minimal_kernels():
-    """{dtype: two_pass_minimal*} from two_pass_minimal.c, for what can be built and run here"""
+    """{(dtype, direction): two_pass_minimal*} from two_pass_minimal.c, for what can be built and run here"""
     flags = open("/proc/cpuinfo").read().split()
     if "avx512f" not in flags:
         return {}
@@ -50,11 +50,12 @@ def minimal_kernels():
     if subprocess.run(["gcc", "-O3", *isa, "-shared", "-fPIC", "-o", lib, src]).returncode:
         return {}
     so = ctypes.CDLL(lib)
-    fns = {np.dtype(np.float32): so.two_pass_minimal}
+    f32, b16 = np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)
+    fns = {(f32, "fwd"): so.two_pass_minimal, (f32, "bwd"): so.two_pass_minimal_bwd}
     if bf16:
-        fns[np.dtype(ml_dtypes.bfloat16)] = so.two_pass_minimal_bf16
-    for fn in fns.values():
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
+        fns.update({(b16, "fwd"): so.two_pass_minimal_bf16, (b16, "bwd"): so.two_pass_minimal_bwd_bf16})
+    for (_, d), fn in fns.items():
+        fn.argtypes = [ctypes.c_void_p] * (2 if d == "fwd" else 3) + [ctypes.c_long, ctypes.c_long]
     return fns
 
 
@@ -81,20 +82,25 @@ for dt in (np.float32, ml_dtypes.bfloat16):
             b = (0.1 * rng.standard_normal(C)).astype(dt)
             y, m, r = cynorm.group_norm_forward(x, G, w, b, channel_axis=ax, num_threads=1)
             outs = (aligned(shape, dt), np.empty_like(m), np.empty_like(r))
+            grads = (aligned(shape, dt), np.empty_like(w), np.empty_like(b))
             xb, db = x.view(bits).ravel(), dy.view(bits).ravel()
             fns = {
                 "fwd": lambda: cynorm.group_norm_forward(x, G, w, b, channel_axis=ax, num_threads=1),
                 "fwd out=": lambda: cynorm.group_norm_forward(x, G, w, b, channel_axis=ax, num_threads=1, out=outs),
                 "bwd": lambda: cynorm.group_norm_backward(dy, x, m, r, w, num_groups=G, channel_axis=ax,
                                                           num_threads=1),
+                "bwd out=": lambda: cynorm.group_norm_backward(dy, x, m, r, w, num_groups=G, channel_axis=ax,
+                                                               num_threads=1, out=grads),
                 "copy": lambda: xb.copy(),
                 "read+copy": lambda: (np.maximum.reduce(xb), xb.copy()),
                 "op": lambda: np.add(xb, db),
                 "read2+op": lambda: (np.maximum.reduce(xb), np.maximum.reduce(db), np.add(xb, db)),
             }
-            if np.dtype(dt) in minimal and ax == 1:
-                out, kernel = aligned(x.shape, dt), minimal[np.dtype(dt)]
-                fns["minimal"] = lambda: kernel(x.ctypes.data, out.ctypes.data, x.size, x.size // (N * G))
+            if (np.dtype(dt), "fwd") in minimal and ax == 1:
+                out, L = aligned(x.shape, dt), x.size // (N * G)
+                fwd_k, bwd_k = minimal[np.dtype(dt), "fwd"], minimal[np.dtype(dt), "bwd"]
+                fns["fwd minimal"] = lambda: fwd_k(x.ctypes.data, out.ctypes.data, x.size, L)
+                fns["bwd minimal"] = lambda: bwd_k(x.ctypes.data, dy.ctypes.data, out.ctypes.data, x.size, L)
             got = {k: [] for k in fns}
             for k in range(9):
                 for name, fn in (fns.items() if k % 2 == 0 else reversed(list(fns.items()))):
@@ -103,7 +109,7 @@ for dt in (np.float32, ml_dtypes.bfloat16):
             cell = f"{np.dtype(dt).name} {'nchw' if ax == 1 else 'nhwc'} {(N, C, H, H)}"
             for d, floor, two in (("fwd", "copy", "read+copy"), ("bwd", "op", "read2+op")):
                 eff, bound = md[floor] / md[d], md[floor] / md[two]
-                mini = md.get("minimal") if d == "fwd" else None
+                mini = md.get(f"{d} minimal")
                 pre = md.get(f"{d} out=")
                 print(f"| {cell} | {d} | {md[d]:.3f} | {f'{pre:.3f}' if pre else ''} | {md[floor]:.3f} | "
                       f"{md[two]:.3f} | {f'{mini:.3f}' if mini else ''} | {eff:.2f} | "
