@@ -250,8 +250,7 @@ CN_PAIR_STORES(cn_vf, bf16, cn_bf16, CN_VF_LANES)
  * quarter of the time of rows of 256 bytes); p is element-aligned
  * (stream_peel). A 2-byte element off a 4-byte boundary takes a plain store;
  * the policy streams longer 16-bit rows only where they need no pieces at all
- * (core/policy.c). The AVX-512 section writes the same pieces straight from
- * the register (cn_stream_bits) and defines CN_HAVE_STREAMN. */
+ * (core/policy.c). */
 CN_INLINE void cn_stream_bytes(void *dst, const void *src, size_t nbytes)
 {
     char *d = (char *)dst;
@@ -271,12 +270,10 @@ CN_INLINE void cn_stream_bytes(void *dst, const void *src, size_t nbytes)
 #define CN_PARTIAL_STREAM(V, SUFFIX, T, L)                                                  \
     CN_INLINE void V##_streamn_##SUFFIX(T *p, V a, int64_t n)                               \
     { T buf[L]; V##_store_##SUFFIX(buf, a); cn_stream_bytes(p, buf, (size_t)n * sizeof(T)); }
-#ifndef CN_HAVE_STREAMN   /* (a section may write them from the register) */
 CN_PARTIAL_STREAM(cn_vf, f32, float, CN_VF_LANES)
 CN_PARTIAL_STREAM(cn_vf, bf16, cn_bf16, CN_VF_LANES)
 CN_PARTIAL_STREAM(cn_vf, f16, cn_f16, CN_VF_LANES)
 CN_PARTIAL_STREAM(cn_vd, f64, double, CN_VD_LANES)
-#endif
 #undef CN_PARTIAL_STREAM
 #undef CN_PAIR_STORES
 

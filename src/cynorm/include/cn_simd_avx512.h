@@ -77,55 +77,6 @@ CN_INLINE void cn_vf_stream_f32(float *p, cn_vf v) { _mm512_stream_ps(p, v); }
 CN_INLINE void cn_vf_stream_bf16(cn_bf16 *p, cn_vf v) { _mm256_stream_si256((__m256i *)p, cn_vf_to_bf16_bits(v)); }
 CN_INLINE void cn_vf_stream_f16(cn_f16 *p, cn_vf v) { _mm256_stream_si256((__m256i *)p, _mm512_cvtps_ph(v, CN_F16_RNE)); }
 
-/* The first nb bytes of v's storage (nb < 64), written to dst with non-temporal
- * stores straight from the register: the same pieces as cn_stream_bytes
- * (cn_simd.h), without going through memory. */
-CN_INLINE void cn_stream_bits(void *dst, __m512i v, size_t nb)
-{
-    char *d = (char *)dst;
-    const __m512i z = _mm512_setzero_si512();
-    if (((uintptr_t)d & 2) && nb >= 2) {   /* off a 4-byte boundary: a plain store, then v moves down 2 bytes */
-        const uint16_t h = (uint16_t)_mm_extract_epi16(_mm512_castsi512_si128(v), 0);
-        memcpy(d, &h, 2);
-        d += 2, nb -= 2;
-        v = _mm512_permutexvar_epi16(_mm512_set_epi16(0, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17,
-                                                      16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1), v);
-    }
-#define CN_PIECE_(bytes, STORE)                                                    \
-    { STORE; d += (bytes), nb -= (bytes); v = _mm512_alignr_epi32(z, v, (bytes) / 4); }
-#define CN_PIECE4_ CN_PIECE_(4, _mm_stream_si32((int *)d, _mm_cvtsi128_si32(_mm512_castsi512_si128(v))))
-#define CN_PIECE8_ CN_PIECE_(8, _mm_stream_si64((long long *)d, _mm_cvtsi128_si64(_mm512_castsi512_si128(v))))
-#define CN_PIECE16_ CN_PIECE_(16, _mm_stream_si128((__m128i *)d, _mm512_castsi512_si128(v)))
-#define CN_PIECE32_ CN_PIECE_(32, _mm256_stream_si256((__m256i *)d, _mm512_castsi512_si256(v)))
-    if (((uintptr_t)d & 4) && nb >= 4) CN_PIECE4_
-    if (((uintptr_t)d & 8) && nb >= 8) CN_PIECE8_
-    if (((uintptr_t)d & 16) && nb >= 16) CN_PIECE16_
-    if (((uintptr_t)d & 32) && nb >= 32) CN_PIECE32_
-    if (nb >= 32) CN_PIECE32_
-    if (nb >= 16) CN_PIECE16_
-    if (nb >= 8) CN_PIECE8_
-    if (nb >= 4) CN_PIECE4_
-#undef CN_PIECE_
-#undef CN_PIECE4_
-#undef CN_PIECE8_
-#undef CN_PIECE16_
-#undef CN_PIECE32_
-    if (nb) {
-        const uint16_t h = (uint16_t)_mm_extract_epi16(_mm512_castsi512_si128(v), 0);
-        memcpy(d, &h, 2);
-    }
-}
-#define CN_HAVE_STREAMN 1
-CN_INLINE void cn_vf_streamn_f32(float *p, cn_vf v, int64_t n) { cn_stream_bits(p, _mm512_castps_si512(v), (size_t)n * 4); }
-CN_INLINE void cn_vf_streamn_bf16(cn_bf16 *p, cn_vf v, int64_t n)
-{
-    cn_stream_bits(p, _mm512_castsi256_si512(cn_vf_to_bf16_bits(v)), (size_t)n * 2);
-}
-CN_INLINE void cn_vf_streamn_f16(cn_f16 *p, cn_vf v, int64_t n)
-{
-    cn_stream_bits(p, _mm512_castsi256_si512(_mm512_cvtps_ph(v, CN_F16_RNE)), (size_t)n * 2);
-}
-
 CN_INLINE cn_vd cn_vd_zero(void) { return _mm512_setzero_pd(); }
 CN_INLINE cn_vd cn_vd_set1(double s) { return _mm512_set1_pd(s); }
 CN_INLINE cn_vd cn_vd_add(cn_vd a, cn_vd b) { return _mm512_add_pd(a, b); }
@@ -179,7 +130,6 @@ CN_INLINE cn_vd cn_vd_loadn_f64(const double *p, int64_t n) { return _mm512_mask
 CN_INLINE void cn_vd_store_f64(double *p, cn_vd v) { _mm512_storeu_pd(p, v); }
 CN_INLINE void cn_vd_storen_f64(double *p, cn_vd v, int64_t n) { _mm512_mask_storeu_pd(p, cn_mask8(n), v); }
 CN_INLINE void cn_vd_stream_f64(double *p, cn_vd v) { _mm512_stream_pd(p, v); }
-CN_INLINE void cn_vd_streamn_f64(double *p, cn_vd v, int64_t n) { cn_stream_bits(p, _mm512_castpd_si512(v), (size_t)n * 8); }
 CN_INLINE void cn_stream_fence(void) { _mm_sfence(); }
 
 /* ---- fp32 lanes: multiply, then add, rounded once (cn_simd.h) ---- */
