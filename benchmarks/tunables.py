@@ -51,8 +51,8 @@ PLAN = {
                                ((65536, 256), "f32", "fwd", 1, True), ((65536, 256), "bf16", "fwd", 2, True)]),
     "bwd_group_bytes": (0, [((4096, 4096), "bf16", "bwd", 1, True), ((16384, 1024), "f32", "bwd", 1, True),
                             ((16384, 1024), "bf16", "bwd", 2, True)]),
-    "bwd_far_bytes": ("far", [((16384, 1024), "f32", "bwd", 1, True), ((4096, 4096), "f32", "bwd", 1, True),
-                              ((16384, 1024), "f32", "bwd", 2, True)]),
+    "short_prefetch_bytes": ("short", [((262144, 56), "f32", "fwd", 1, True), ((262144, 64), "f32", "fwd", 1, True),
+                                       ((1048576, 24), "f32", "fwd", 1, True), ((262144, 56), "f32", "fwd", 2, True)]),
     "prefetch_max": (0, [((4096, 4096), "f32", "fwd", 1, True), ((4096, 4096), "bf16", "bwd", 1, True),
                          ((16384, 4096), "bf16", "fwd", 1, True), ((4096, 4096), "f32", "bwd", 2, True)]),
     "part_cache_bytes": (NEVER, [(CHW, "bf16", "bwd", 1, True), ((512, 100000), "bf16", "bwd", 1, True),
@@ -132,8 +132,8 @@ def measure(name, alt, cells, rounds, budget, context=None):
                 other = 0 if default else 1 << 30
             elif alt == "plain":   # the other rule: plain stores up to the long-row bound where the default is 0
                 other = 0 if default else _core.tunables(cls)["long_row_bytes"]
-            elif alt == "far":   # the other setting: 32 KB where the default is never, never where it is on
-                other = NEVER if default < NEVER else 32 << 10
+            elif alt == "short":   # the other rule: 8 KB ahead where the default is the next block (0)
+                other = 0 if default else 8 << 10
             elif alt == 0 and default == 0:
                 other = {"prefetch_max": 8192, "medium_block_bytes": 32 << 10, "bwd_group_bytes": 256 << 10,
                          "bwd_a_by_chunk": 1}.get(name, 1)

@@ -37,13 +37,21 @@ def test_paths_follow_row_length():
     assert e["partials_added_in"] in ("phase C", "phase A, pairs of rows", "phase A, column chunks")
 
 
+@pytest.mark.parametrize("short_lead", [None, 0, 8 << 10])
 @pytest.mark.parametrize("cols", [16, 56, 128, 256, 1024])
 @pytest.mark.parametrize("dtype", [np.float32, bfloat16])
-def test_forward_blocks_prefetch_whole_blocks_ahead(cols, dtype):
+def test_forward_blocks_prefetch_whole_blocks_ahead(cols, dtype, short_lead):
     """Short and medium rows prefetch the same row whole blocks ahead: 32-bit
-    short rows at least 8 KB, medium rows at least 16 KB, 16-bit short rows the
-    next block (the policy's lead, policy.c)."""
-    e = cynorm.explain(np.empty((1 << 16, cols), dtype), num_threads=1)
+    short rows at least short_prefetch_bytes (this machine's, or set: 0 is the
+    next block), medium rows at least 16 KB, 16-bit short rows the next block
+    (the policy's lead, policy.c)."""
+    old = _isa.kernels._policy("short_prefetch_bytes", short_lead) if short_lead is not None else None
+    try:
+        lead_32 = _isa.kernels._policy("short_prefetch_bytes")
+        e = cynorm.explain(np.empty((1 << 16, cols), dtype), num_threads=1)
+    finally:
+        if old is not None:
+            _isa.kernels._policy("short_prefetch_bytes", old)
     assert e["path"] in ("small rows in registers", "medium rows in blocks")
     ahead, block = e["prefetch_rows_ahead"], e["group_rows"]
     assert ahead % block == 0 and ahead >= block
@@ -51,8 +59,11 @@ def test_forward_blocks_prefetch_whole_blocks_ahead(cols, dtype):
     if e["path"] == "medium rows in blocks":
         lead = 16 << 10
     else:
-        lead = 8 << 10 if np.dtype(dtype).itemsize == 4 else block * row_bytes
-    assert ahead * row_bytes >= lead and (ahead - block) * row_bytes < lead
+        lead = lead_32 if np.dtype(dtype).itemsize == 4 else 0
+    if lead <= block * row_bytes:
+        assert ahead == block
+    else:
+        assert ahead * row_bytes >= lead and (ahead - block) * row_bytes < lead
 
 
 @pytest.mark.parametrize("threads", [1, 2])

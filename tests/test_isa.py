@@ -49,16 +49,17 @@ def test_long_row_group_budget_follows_the_l3():
 def test_cache_policies():
     """An AMD-CCD-sized L3 (or none known) keeps the defaults measured there; a mesh
     L3 adds the partials in pairs only while they fit in L2, else by column chunk,
-    and writes fresh outputs of all but the long rows with plain stores."""
+    writes fresh outputs of all but the long rows with plain stores, and takes the
+    forward's short 32-bit rows with the next block's prefetch alone."""
     mb = 1 << 20
     row = 64 << 10
     ccd = _isa.cache_policies(1 * mb, 32 * mb, row)
     assert ccd == {"long_group_bytes": 8 * mb, "parts_in_a_bytes": 4 * mb, "bwd_a_by_chunk": 1,
-                   "fresh_plain_row_bytes": 0}
+                   "fresh_plain_row_bytes": 0, "short_prefetch_bytes": 8 << 10}
     assert _isa.cache_policies(0, 0, row) == ccd
     mesh = _isa.cache_policies(2 * mb, 480 * mb, row)
     assert mesh == {"long_group_bytes": 30 * mb, "parts_in_a_bytes": 2 * mb, "bwd_a_by_chunk": 2,
-                    "fresh_plain_row_bytes": row}
+                    "fresh_plain_row_bytes": row, "short_prefetch_bytes": 0}
     # the plain-store bound is the kernels' long-row bound, whatever it is
     assert _isa.cache_policies(2 * mb, 480 * mb, 12345)["fresh_plain_row_bytes"] == 12345
     assert _isa.cache_policies(0, 105 * mb, row)["parts_in_a_bytes"] == 1 * mb   # L2 unknown

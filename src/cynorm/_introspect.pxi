@@ -119,7 +119,8 @@ def cache_tunables(int64_t l2_bytes, int64_t l3_bytes, int64_t long_row_bytes):
     base.long_row_bytes = long_row_bytes
     cdef cn_tunables t = cn_tunables_for(&base, &m)
     return {name: cn_tunable_slot(&t, _tunable_index(name))[0]
-            for name in ("long_group_bytes", "parts_in_a_bytes", "bwd_a_by_chunk", "fresh_plain_row_bytes")}
+            for name in ("long_group_bytes", "parts_in_a_bytes", "bwd_a_by_chunk", "fresh_plain_row_bytes",
+                         "short_prefetch_bytes")}
 
 
 def explain_call(bint backward, int pair, bint center, int64_t M, int64_t N, int num_threads, bint fresh,

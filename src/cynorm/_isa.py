@@ -108,7 +108,8 @@ def long_group_bytes(l3_bytes):
 def cache_policies(l2_bytes, l3_bytes, long_row_bytes):
     """The tunables the policy derives from these cache sizes (core/policy.c,
     cn_tunables_for): long_group_bytes, parts_in_a_bytes, bwd_a_by_chunk,
-    fresh_plain_row_bytes (long_row_bytes is the long-row bound to use).
+    fresh_plain_row_bytes, short_prefetch_bytes (long_row_bytes is the
+    long-row bound to use).
     None changes a bit; benchmarks/POLICY.md has the measurements."""
     return _core.cache_tunables(l2_bytes, l3_bytes, long_row_bytes)
 

@@ -51,7 +51,6 @@ _OFF_OR_ON = {
     "long_row_bytes": lambda v: [NEVER] if v < NEVER else [64 << 10],
     "long_group_bytes": lambda v: [8 << 20] if v > 8 << 20 else [32 << 20],
     "bwd_group_bytes": lambda v: [0] if v else [256 << 10],
-    "bwd_far_bytes": lambda v: [32 << 10] if v >= NEVER else [NEVER],
     "part_cache_bytes": lambda v: [NEVER] if v < NEVER else [256 << 10],
     "parts_in_a_bytes": lambda v: [0] if v else [1 << 30],
     "bwd_a_by_chunk": lambda v: [a for a in (0, 1, 2) if a != v],
@@ -60,8 +59,8 @@ PLAN = {
     ("fwd", "medium"): ["medium_block_bytes", "prefetch_max"],
     ("fwd", "rows"): ["prefetch_max"],
     ("fwd", "long"): ["long_row_bytes", "long_group_bytes", "prefetch_max"],
-    ("bwd", "medium"): ["bwd_group_bytes", "bwd_far_bytes", "prefetch_max", "part_cache_bytes"],
-    ("bwd", "rows"): ["bwd_group_bytes", "bwd_far_bytes", "prefetch_max", "part_cache_bytes"],
+    ("bwd", "medium"): ["bwd_group_bytes", "prefetch_max", "part_cache_bytes"],
+    ("bwd", "rows"): ["bwd_group_bytes", "prefetch_max", "part_cache_bytes"],
     ("bwd", "long"): ["part_cache_bytes", "parts_in_a_bytes", "bwd_a_by_chunk", "long_group_bytes"],
 }
 

@@ -24,21 +24,20 @@
                                                       from this row size: slabs and plain stores */
 #define CN_PREFETCH_INTO_L2 1                   /* the forward row paths prefetch the next rows into L2 */
 #define CN_PREFETCH_PIECES 1                    /* phase A by chunk, 16-bit rows: the next pair's piece */
-/* The forward's blocks of short and medium rows prefetch the same row of a
- * block at least this far ahead, in whole blocks: one block of short rows (64
- * fp32 or fewer) or of medium rows of 8 KB or less (128 fp32, 128 or 256 bf16)
- * is too little lead to hide DRAM's latency. 16-bit short rows, whose
- * arithmetic takes longer per byte, keep the next block (benchmarks/README.md,
- * "A second CPU kind" and "Medium rows prefetch further ahead"; Zen 5 only).
- * The backward's short rows too, each of T threads 1/T of the lead ("Rows of
- * 96-512"). */
+/* The blocks of short and medium rows prefetch the same row of a block at
+ * least this far ahead, in whole blocks: one block of short rows (64 fp32 or
+ * fewer) or of medium rows of 8 KB or less (128 fp32, 128 or 256 bf16) is too
+ * little lead to hide DRAM's latency. 16-bit short rows, whose arithmetic takes
+ * longer per byte, keep the next block. The forward's short rows take their
+ * lead from short_prefetch_bytes (the kinds disagree: see cn_tunables_for); the
+ * backward's short rows take this one, each of T threads 1/T of it
+ * (benchmarks/POLICY.md, "Prefetch leads"). */
 #define CN_SHORT_PREFETCH_BYTES ((int64_t)8 << 10)
 #define CN_MEDIUM_PREFETCH_BYTES ((int64_t)16 << 10)
 /* The backward's rows (pass 2 prefetches the rows pass 1 takes next) keep at
  * least this much of each row stream in flight over all threads, in whole
  * groups: each of T threads 1/T of it, as the threads share DRAM's bandwidth
- * and latency (benchmarks/README.md, "Rows of 96-512";
- * Zen 5 only). */
+ * and latency (benchmarks/POLICY.md, "Prefetch leads"). */
 #define CN_BWD_PREFETCH_BYTES ((int64_t)8 << 10)
 
 /* Rows ahead: whole blocks of `rows` rows of `row_bytes`, at least `lead` bytes
@@ -97,6 +96,10 @@ cn_tunables cn_tunables_for(const cn_tunables *base, const cn_machine *m)
     if (t.bwd_a_by_chunk < 0) t.bwd_a_by_chunk = mesh ? 2 : 1;
     /* a fresh page's zeroed lines stay in cache on a mesh: plain stores reuse them */
     if (t.fresh_plain_row_bytes < 0) t.fresh_plain_row_bytes = mesh ? t.long_row_bytes : 0;
+    /* the forward's short 32-bit rows: a mesh's L3 (and its L2 prefetchers)
+     * serve the next block in time, and a longer lead only costs; elsewhere
+     * the lead that hides DRAM's latency */
+    if (t.short_prefetch_bytes < 0) t.short_prefetch_bytes = mesh ? 0 : CN_SHORT_PREFETCH_BYTES;
     return t;
 }
 
@@ -156,7 +159,7 @@ static void forward_policy(const cn_tunables *t, const cn_call *c, int T, cn_pol
     if (N <= c->small_max) {
         p->path = CN_PATH_SMALL;
         p->group_rows = CN_SMALL_BLOCK;
-        p->prefetch_rows = short_rows_ahead(c, CN_SHORT_PREFETCH_BYTES);
+        p->prefetch_rows = short_rows_ahead(c, t->short_prefetch_bytes);
     } else if (row_bytes <= CN_MED_ROW_BYTES && N <= CN_CHUNK) {
         p->path = CN_PATH_MEDIUM;
         p->group_rows = row_bytes * CN_SMALL_BLOCK <= t->medium_block_bytes ? CN_SMALL_BLOCK
@@ -214,10 +217,7 @@ static void backward_policy(const cn_tunables *t, const cn_call *c, int T, cn_po
     const int64_t RB = pair_bytes * CN_ROW_GROUP_MAX <= t->bwd_group_bytes ? CN_ROW_GROUP_MAX
                        : pair_bytes * 2 <= t->bwd_group_bytes ? 2 : 1;
     p->group_rows = RB;
-    const int64_t far = c->x_size >= 4 && pair_bytes * p->group_rows >= t->bwd_far_bytes ? 2 * p->group_rows
-                                                                                       : p->group_rows;
-    const int64_t lead = lead_per_thread(CN_BWD_PREFETCH_BYTES, p->threads);
-    p->prefetch_rows = max64(far, rows_ahead(p->group_rows, row_bytes, lead));
+    p->prefetch_rows = rows_ahead(p->group_rows, row_bytes, lead_per_thread(CN_BWD_PREFETCH_BYTES, p->threads));
     /* aligned 32-bit rows with partials, where the level streams several rows
      * at once: pass 1 only sums, pass 2 adds the rows into the partials */
     p->late_parts = c->multirow_stream && c->x_size >= 4 && k > 0 && c->in_addr % 64 == 0 && row_bytes % 64 == 0;

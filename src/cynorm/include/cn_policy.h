@@ -30,7 +30,7 @@
     X(long_group_bytes, -1, "bytes of long rows taken as one group (-1: from the L3)")                \
     X(medium_block_bytes, 32 << 10, "forward medium rows: a block's x")                               \
     X(bwd_group_bytes, 256 << 10, "backward rows through pass 1 together: x and dy")                  \
-    X(bwd_far_bytes, INT64_MAX, "backward 32-bit rows: prefetch two groups ahead from this")         \
+    X(short_prefetch_bytes, -1, "forward short 32-bit rows: prefetch this far ahead (-1: the L3)")  \
     X(prefetch_max, 8192, "elements of the next row prefetched while one is finished")                \
     X(part_cache_bytes, 256 << 10, "backward: block partials beyond this take the team path")         \
     X(parts_in_a_bytes, -1, "one thread adds partials in phase A up to this (-1: from the caches)")   \
