@@ -180,6 +180,7 @@ def test_cynorm_policy_names_a_file(tmp_path):
 
 
 @pytest.mark.parametrize("content", ["not json", json.dumps({"measured": {"no such class": {"prefetch_max": 0}}}),
+                                     json.dumps({"measured": {"fwd 16-bit, rows of <= 8 KB, 1 thread": {"bwd_far_bytes": 0}}}),
                                      json.dumps([1, 2])])
 def test_a_broken_policy_file_warns_and_leaves_the_defaults(tmp_path, content):
     path = tmp_path / "p.json"
@@ -198,3 +199,10 @@ def test_the_module_and_the_function_are_one(tmp_path):
     assert r.returncode == 0, r.stderr
     r = subprocess.run([sys.executable, "-m", "cynorm.tune", "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "--seconds" in r.stdout
+
+
+def test_apply_names_unknown_tunables_and_changes_nothing():
+    before = _core.tunables(0)
+    with pytest.raises(ValueError, match=r"unknown tunables \['bwd_far_bytes'\]"):
+        _tune.apply({"measured": {_core.class_names()[0]: {"bwd_far_bytes": 0, "prefetch_max": 0}}})
+    assert _core.tunables(0) == before

@@ -103,6 +103,10 @@ def apply(policy):
     unknown = [c for c in measured if c not in by_name]
     if unknown:
         raise ValueError(f"cynorm: unknown policy classes {unknown}; the classes are {list(by_name)}")
+    names = _core.tunable_names()
+    unknown = sorted({k for vals in measured.values() for k in vals if k not in names})
+    if unknown:   # a file from a cynorm whose tunables differ (bwd_far_bytes was folded)
+        raise ValueError(f"cynorm: unknown tunables {unknown}; the tunables are {list(names)}")
     _core.set_class_tunables({by_name[c]: {k: int(v) for k, v in vals.items()} for c, vals in measured.items()})
 
 
