@@ -11,6 +11,7 @@ Speed = the default's time / each setting's (above 1: faster than the default)."
 import sys, time
 import numpy as np, ml_dtypes, cynorm
 from cynorm import _isa
+from inprocess_ab import alternate
 
 SHAPES = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] else "2048x40000,512x100000,256x200000,64x401408"
 MODES = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] else "fp32,bf16"
@@ -31,23 +32,13 @@ for T in THREADS:
             y, m, r = cynorm.layer_norm_forward(x, w, w, num_threads=T)
             outs = (np.empty_like(x), np.empty_like(w), np.empty_like(w))
             call = lambda: cynorm.layer_norm_backward(dy, x, m, r, w, num_threads=T, out=outs)
-            paths, ts, ref = {}, {k: [] for k in SETTINGS}, None
+            paths = {}
             for k, v in SETTINGS.items():
                 _isa.kernels._policy("part_cache_bytes", v)
                 paths[k] = cynorm.explain(x, w, num_threads=T, backward=True)["path"].split(":")[0]
             call(); t0 = time.perf_counter(); call()
             reps = max(2, int(0.05 / (time.perf_counter() - t0)))
-            for _ in range(ROUNDS):
-                for k, v in SETTINGS.items():
-                    _isa.kernels._policy("part_cache_bytes", v)
-                    call()
-                    t0 = time.perf_counter()
-                    for _ in range(reps):
-                        call()
-                    ts[k].append((time.perf_counter() - t0) / reps * 1e3)
-                    bits = tuple(o.tobytes() for o in outs)
-                    ref = ref or bits
-                    assert bits == ref, f"{shape} {mode}: the outputs differ between settings"
+            ts = alternate(SETTINGS, lambda v: _isa.kernels._policy("part_cache_bytes", v), call, outs, ROUNDS, reps)
             _isa.kernels._policy("part_cache_bytes", SETTINGS["default"])
             med = {k: float(np.median(v)) for k, v in ts.items()}
             parts_kb = 2 * shape[1] * 4 >> 10

@@ -12,6 +12,7 @@ must be bit-identical. Speed = before's time / now's time (above 1: the lead
 in the policy now is faster)."""
 import os, sys, time
 import numpy as np, ml_dtypes, cynorm
+from inprocess_ab import alternate
 
 KNOB = sys.argv[1]
 DEFAULT_SHAPES = {"LEAD_FWD_SHORT": "262144x56,262144x64,1048576x24,1048576x16",
@@ -54,18 +55,7 @@ for shape in [tuple(int(v) for v in s.split("x")) for s in SHAPES.split(",")]:
             rows[k] = cynorm.explain(x, w, num_threads=T, backward=BACKWARD)["prefetch_rows_ahead"]
         call(); t0 = time.perf_counter(); call()
         reps = max(3, int(0.05 / (time.perf_counter() - t0)))
-        ts, ref = {k: [] for k in SETTINGS}, None
-        for _ in range(ROUNDS):
-            for k, v in SETTINGS.items():
-                use(v)
-                call()
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    call()
-                ts[k].append((time.perf_counter() - t0) / reps * 1e3)
-                bits = tuple(o.tobytes() for o in outs)
-                ref = ref or bits
-                assert bits == ref, f"{shape} {mode}: the outputs differ between settings"
+        ts = alternate(SETTINGS, use, call, outs, ROUNDS, reps)
         use(None)
         b, n, c = (np.median(ts[k]) for k in ("before", "now", "control"))
         print(f"{KNOB} T{T} {str(shape):16s} {mode:5s} rows ahead {rows['before']:>3} -> {rows['now']:>3}: "
