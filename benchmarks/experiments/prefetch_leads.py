@@ -4,11 +4,13 @@
 The four prefetch leads of core/policy.c (CN_SHORT_PREFETCH_BYTES for the
 forward's and the backward's short rows, CN_MEDIUM_PREFETCH_BYTES,
 CN_BWD_PREFETCH_BYTES) against the lead they replaced (the next block or group
-of rows), in ONE process, with a third setting, the first again, as a control. Needs a build with prefetch_leads.patch applied:
-core/policy.c then reads each lead in bytes from $KNOB (0: the next block).
-KNOB is LEAD_FWD_SHORT, LEAD_FWD_MEDIUM, LEAD_BWD_SHORT or LEAD_BWD_ROWS.
-Rounds alternate the two settings; out= on both sides; every call's outputs
-must be bit-identical. Speed = before's time / now's time (above 1: the lead
+of rows), in ONE process, with a third setting, the first again, as a
+control. Needs a build with prefetch_leads.patch applied (it applies to
+ee0d73f, before the forward's short-row lead became the tunable
+short_prefetch_bytes): core/policy.c then reads each lead in bytes from $KNOB
+(0: the next block). KNOB is LEAD_FWD_SHORT, LEAD_FWD_MEDIUM, LEAD_BWD_SHORT or
+LEAD_BWD_ROWS. Rounds alternate the three settings; out= on all; every call's
+outputs must be bit-identical. Speed = before's time / now's time (above 1: the lead
 in the policy now is faster)."""
 import os, sys, time
 import numpy as np, ml_dtypes, cynorm
