@@ -93,8 +93,7 @@ def test_guard_cells_are_in_their_representatives_class():
 def test_tune_writes_applies_and_keys_its_policy(clean_policy, tmp_path, monkeypatch):
     """The whole of tune() with small cells and a fake clock under which prefetching
     costs 10% everywhere: every class that measures prefetch_max keeps 0."""
-    monkeypatch.setattr(_tune, "CELLS", {"medium": [(64, 1024), (8, 128)], "rows": [(16, 4096)],
-                                         "long": [(4, 40000)]})
+    monkeypatch.setattr(_tune, "CELLS", SMALL_CELLS)
 
     def prefetch_costs(fn, budget, cls):
         fn()
@@ -113,7 +112,36 @@ def test_tune_writes_applies_and_keys_its_policy(clean_policy, tmp_path, monkeyp
     assert cynorm.show_config()["policy"]["tuned"]
 
 
-_ROWS = {"medium": "<= 8 KB", "rows": "<= 64 KB", "long": "longer rows"}
+_ROWS = {"short": "rows of <= 64,", "medium": "<= 8 KB", "rows": "<= 64 KB", "long": "longer rows"}
+SMALL_CELLS = {"short": [(64, 56), (8, 56)], "medium": [(64, 1024), (8, 128)], "rows": [(16, 4096)],
+               "long": [(4, 40000)]}
+
+
+def test_tune_measures_the_short_row_lead_on_32_bit_rows_alone(clean_policy, tmp_path, monkeypatch):
+    """The kinds disagree on the forward's short-row prefetch lead (POLICY.md): tune()
+    measures it in the short 32-bit forward classes, at 1 thread and at all threads,
+    and nowhere else (16-bit short rows do not read it). Here the alternative to the
+    value this machine resolves wins 10%."""
+    monkeypatch.setattr(_tune, "CELLS", SMALL_CELLS)
+    default = _core.tunables(-1)["short_prefetch_bytes"]
+    alternative = _tune._OFF_OR_ON["short_prefetch_bytes"](default)[0]
+    assert {default, alternative} == {0, 8 << 10}
+    seen = set()
+
+    def alternative_wins(fn, budget, cls):
+        fn()
+        seen.add(_core.class_names()[cls])
+        return 0.9 if _core.tunables(cls)["short_prefetch_bytes"] == alternative else 1.0
+    policy = _tune.tune(1, threads=2, path=str(tmp_path / "p.json"), progress=False, _measure=alternative_wins)
+    short = sorted(c for c in _core.class_names() if c.startswith("fwd 32/64-bit, rows of <= 64,"))
+    assert len(short) == 2
+    assert sorted(c for c, v in policy["measured"].items() if "short_prefetch_bytes" in v) == short
+    assert all(policy["measured"][c] == {"short_prefetch_bytes": alternative} for c in short)
+    assert not any("16-bit, rows of <= 64," in c for c in seen)
+    for c in short:   # the forward's short 32-bit rows now take that lead
+        assert _core.tunables(_core.class_names().index(c))["short_prefetch_bytes"] == alternative
+    e = cynorm.explain(np.empty((4096, 56), np.float32), num_threads=1)
+    assert e["policy"]["measured"] == {"short_prefetch_bytes": alternative}
 
 
 def _python(code, **env):

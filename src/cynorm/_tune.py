@@ -37,17 +37,20 @@ MARGIN = 0.03           # an alternative must be this much faster, twice
 #: decides; the others are guards, small arrays of the same class that an alternative
 #: must not slow down beyond noise (a setting that helps a large array can cost a
 #: small one its few microseconds)
-CELLS = {"medium": [(16384, 1024), (32, 128)], "rows": [(4096, 4096), (8, 4096)], "long": [(64, 200704)]}
+CELLS = {"short": [(262144, 56), (32, 56)], "medium": [(16384, 1024), (32, 128)], "rows": [(4096, 4096), (8, 4096)],
+         "long": [(64, 200704)]}
 #: a measured call of a guard cell repeats the kernel until it takes about this long
 GUARD_SECONDS = 200e-6
 
-_ROW_CLASS_NAMES = {"medium": "rows of <= 8 KB", "rows": "rows of <= 64 KB", "long": "longer rows"}
+_ROW_CLASS_NAMES = {"short": "rows of <= 64", "medium": "rows of <= 8 KB", "rows": "rows of <= 64 KB",
+                    "long": "longer rows"}
 
 #: (direction, row class) -> the tunables measured there, each with its alternatives
 #: (a function of the value in use: the other settings worth trying)
 _OFF_OR_ON = {
     "medium_block_bytes": lambda v: [0] if v else [32 << 10],
     "prefetch_max": lambda v: [0] if v else [8192],
+    "short_prefetch_bytes": lambda v: [0] if v else [8 << 10],
     "long_row_bytes": lambda v: [NEVER] if v < NEVER else [64 << 10],
     "long_group_bytes": lambda v: [8 << 20] if v > 8 << 20 else [32 << 20],
     "bwd_group_bytes": lambda v: [0] if v else [256 << 10],
@@ -56,6 +59,7 @@ _OFF_OR_ON = {
     "bwd_a_by_chunk": lambda v: [a for a in (0, 1, 2) if a != v],
 }
 PLAN = {
+    ("fwd", "short"): ["short_prefetch_bytes"],
     ("fwd", "medium"): ["medium_block_bytes", "prefetch_max"],
     ("fwd", "rows"): ["prefetch_max"],
     ("fwd", "long"): ["long_row_bytes", "long_group_bytes", "prefetch_max"],
@@ -63,6 +67,8 @@ PLAN = {
     ("bwd", "rows"): ["bwd_group_bytes", "prefetch_max", "part_cache_bytes"],
     ("bwd", "long"): ["part_cache_bytes", "parts_in_a_bytes", "bwd_a_by_chunk", "long_group_bytes"],
 }
+#: the plans measured on 32-bit data alone: 16-bit short rows always prefetch the next block
+ONLY_32_BIT = {("fwd", "short")}
 
 #: what import loaded: {"path", "source": "cache" | "CYNORM_POLICY", "measured": {class: {tunable: value}}}
 loaded = None
@@ -277,6 +283,8 @@ def tune(seconds=120, *, threads=None, save=True, path=None, progress=True, _mea
     jobs = []
     for (direction, rows), tunables in PLAN.items():
         for dtype in (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)):
+            if dtype.itemsize == 2 and (direction, rows) in ONLY_32_BIT:
+                continue
             for t in thread_counts:
                 jobs.append((direction, rows, dtype, t, tunables))
     total = sum(len(j[4]) for j in jobs)
