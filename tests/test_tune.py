@@ -126,6 +126,8 @@ def test_tune_measures_the_short_row_lead_on_32_bit_rows_alone(clean_policy, tmp
     default = _core.tunables(-1)["short_prefetch_bytes"]
     alternative = _tune._OFF_OR_ON["short_prefetch_bytes"](default)[0]
     assert {default, alternative} == {0, 8 << 10}
+    short_rows = np.empty((4096, 56), np.float32)
+    ahead_before = cynorm.explain(short_rows, num_threads=1)["prefetch_rows_ahead"]
     seen = set()
 
     def alternative_wins(fn, budget, cls):
@@ -140,8 +142,9 @@ def test_tune_measures_the_short_row_lead_on_32_bit_rows_alone(clean_policy, tmp
     assert not any("16-bit, rows of <= 64," in c for c in seen)
     for c in short:   # the forward's short 32-bit rows now take that lead
         assert _core.tunables(_core.class_names().index(c))["short_prefetch_bytes"] == alternative
-    e = cynorm.explain(np.empty((4096, 56), np.float32), num_threads=1)
+    e = cynorm.explain(short_rows, num_threads=1)
     assert e["policy"]["measured"] == {"short_prefetch_bytes": alternative}
+    assert e["prefetch_rows_ahead"] != ahead_before   # 16 rows (the next block) against 48 (8 KB of rows of 224 B)
 
 
 def _python(code, **env):
