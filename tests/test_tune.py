@@ -81,6 +81,31 @@ def test_an_alternative_that_slows_a_guard_cell_is_not_kept(clean_policy, guard_
     assert ratios[0] == pytest.approx(guard_time if kept else 0.9)
 
 
+def test_an_alternative_that_leaves_the_policy_as_it_is_is_not_timed(clean_policy):
+    """A decision the call cannot feel (its whole cn_policy the same under both values)
+    is not timed, so noise cannot pick it: rows of 1024 take the row path whatever
+    part_cache_bytes is (their partials are small); rows of 200704 feel it."""
+    from cynorm import _api
+    timed = []
+
+    def measure(fn, budget, cls):
+        timed.append(_core.tunables(cls)["part_cache_bytes"])
+        return 0.5 if _core.tunables(cls)["part_cache_bytes"] == _tune.NEVER else 1.0
+
+    def install(cls, values):
+        _core.set_class_tunables({cls: values} if values else {})
+    default = _core.tunables(-1)["part_cache_bytes"]
+    for shape, felt in (((16384, 1024), False), ((64, 200704), True)):
+        x, w = np.empty(shape, np.float32), np.ones(shape[1], np.float32)
+        cls = _core.class_of(True, 0, shape[0], shape[1], 1)
+        policy_of = lambda: _api._policy_of(x, w, -1, 1, "layer_norm", True, None, every_field=True)[0]  # noqa: E731
+        timed.clear()
+        value, ratios = _tune.decide(lambda: None, cls, "part_cache_bytes", {}, install, 3, 0.0, measure,
+                                     policy_of=policy_of)
+        assert (value, bool(timed), bool(ratios)) == ((_tune.NEVER, True, True) if felt else (default, False, False))
+        assert _core.tunables(cls)["part_cache_bytes"] == value
+
+
 def test_guard_cells_are_in_their_representatives_class():
     for rows, shapes in _tune.CELLS.items():
         for bwd in (False, True):
@@ -113,8 +138,8 @@ def test_tune_writes_applies_and_keys_its_policy(clean_policy, tmp_path, monkeyp
 
 
 _ROWS = {"short": "rows of <= 64,", "medium": "<= 8 KB", "rows": "<= 64 KB", "long": "longer rows"}
-SMALL_CELLS = {"short": [(64, 56), (8, 56)], "medium": [(64, 1024), (8, 128)], "rows": [(16, 4096)],
-               "long": [(4, 40000)]}
+SMALL_CELLS = {"short": [(4096, 56), (8, 56)], "medium": [(64, 1024), (8, 128)], "rows": [(16, 4096)],
+               "long": [(8, 40000)]}   # (8 rows: at 2 threads the long-row path, which prefetch_max steers)
 
 
 def test_tune_measures_the_short_row_lead_on_32_bit_rows_alone(clean_policy, tmp_path, monkeypatch):

@@ -306,6 +306,28 @@ def rms_norm_backward(dy, x, rstd, weight=None, *, axis=-1, num_threads=None, ou
 
 # ----------------------------------------------------------------- explain --
 
+def _policy_of(x, weight, axis, num_threads, norm, backward, out, every_field=False):
+    """The policy a LayerNorm or RMSNorm call gets (cn_policy_for), with the call's
+    pair, rows, columns and threads: explain()'s fields, or every_field: the whole
+    cn_policy (cynorm.tune() compares two settings' policies by it)."""
+    x = _input(x, "x")
+    ax, M, N, norm_shape, stat_shape = _layout(x, axis)
+    pair, weight, _ = _params(x.dtype, norm_shape, weight, None)
+    T = resolve_num_threads(num_threads)
+    center = norm == "layer_norm"
+    dst = None
+    if out is not None:
+        arrays, labels = _outputs.unpack(out, ("dx",) if backward else ("y",))
+        if arrays[0] is not None:
+            dst = _outputs.check(arrays[0], labels[0], x.shape, pair.x)
+    addr = x.__array_interface__["data"][0]
+    out_addr = dst.__array_interface__["data"][0] if dst is not None else 64   # new outputs: 64-byte aligned or better
+    grads = 0 if weight is None else (2 if center else 1)
+    policy = _isa.kernels.explain_call(bool(backward), pair.code, center, M, N, T, dst is None, out_addr,
+                                       addr | out_addr, grads, every_field)
+    return policy, pair, M, N, T
+
+
 def explain(x, weight=None, *, axis=-1, num_threads=None, norm="layer_norm", backward=False, out=None,
             num_groups=None, channel_axis=1):
     """How a call would run, as a dict: the ISA level, the kernel dtypes, the
@@ -328,21 +350,7 @@ def explain(x, weight=None, *, axis=-1, num_threads=None, norm="layer_norm", bac
                               backward=backward, out=out)
     if norm not in ("layer_norm", "rms_norm"):
         raise ValueError(f"cynorm: norm must be 'layer_norm', 'rms_norm' or 'group_norm', got {norm!r}")
-    x = _input(x, "x")
-    ax, M, N, norm_shape, stat_shape = _layout(x, axis)
-    pair, weight, _ = _params(x.dtype, norm_shape, weight, None)
-    T = resolve_num_threads(num_threads)
-    center = norm == "layer_norm"
-    dst = None
-    if out is not None:
-        arrays, labels = _outputs.unpack(out, ("dx",) if backward else ("y",))
-        if arrays[0] is not None:
-            dst = _outputs.check(arrays[0], labels[0], x.shape, pair.x)
-    addr = x.__array_interface__["data"][0]
-    out_addr = dst.__array_interface__["data"][0] if dst is not None else 64   # new outputs: 64-byte aligned or better
-    grads = 0 if weight is None else (2 if center else 1)
-    policy = _isa.kernels.explain_call(bool(backward), pair.code, center, M, N, T, dst is None, out_addr,
-                                       addr | out_addr, grads)
+    policy, pair, M, N, T = _policy_of(x, weight, axis, num_threads, norm, backward, out)
     from . import _tune
     cls = policy.pop("class")
     cls_name = _isa.kernels.class_names()[cls]

@@ -124,8 +124,9 @@ def cache_tunables(int64_t l2_bytes, int64_t l3_bytes, int64_t long_row_bytes):
 
 
 def explain_call(bint backward, int pair, bint center, int64_t M, int64_t N, int num_threads, bint fresh,
-                 uintptr_t out_addr, uintptr_t in_addr, int grads):
-    """The policy cn_policy_for gives this call (cynorm.explain builds the arguments)."""
+                 uintptr_t out_addr, uintptr_t in_addr, int grads, bint every_field=False):
+    """The policy cn_policy_for gives this call (cynorm.explain builds the arguments):
+    the fields explain() shows, or every_field: all of cn_policy, as a dict."""
     cdef const cn_ops *ops = cn_get_ops(pair)
     if ops == NULL:
         raise ValueError(f"unknown kernel pair {pair}")
@@ -137,6 +138,8 @@ def explain_call(bint backward, int pair, bint center, int64_t M, int64_t N, int
     c.out_addr = out_addr
     c.in_addr = in_addr
     cdef cn_policy p = cn_policy_for(&MACHINE, &c)
+    if every_field:
+        return p
     out = {"threads": p.threads, "class": cn_class_of(&c, p.threads), "path": _PATHS[p.path],
            "group_rows": p.group_rows,
            "stream": bool(p.stream), "populate": _POPULATE[p.populate]}

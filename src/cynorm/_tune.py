@@ -67,8 +67,6 @@ PLAN = {
     ("bwd", "rows"): ["bwd_group_bytes", "prefetch_max", "part_cache_bytes"],
     ("bwd", "long"): ["part_cache_bytes", "parts_in_a_bytes", "bwd_a_by_chunk", "long_group_bytes"],
 }
-#: the plans measured on 32-bit data alone: 16-bit short rows always prefetch the next block
-ONLY_32_BIT = {("fwd", "short")}
 
 #: what import loaded: {"path", "source": "cache" | "CYNORM_POLICY", "measured": {class: {tunable: value}}}
 loaded = None
@@ -213,19 +211,23 @@ def _compare(fn, settings, rounds, budget, measure=None):
     return [statistics.median(g) for g in got]
 
 
-def decide(fn, cls, name, current, install, rounds, budget, measure=None, guards=()):
+def decide(fn, cls, name, current, install, rounds, budget, measure=None, guards=(), policy_of=None):
     """Whether an alternative of tunable `name` beats its value in class `cls`: each
     alternative timed against the value in use, kept only where it is MARGIN faster in
     two separate comparisons on `fn` and no more than MARGIN slower on any of `guards`
     (other calls of the same class). Returns (value to keep, {alternative: time ratio});
     a guard's veto shows as its ratio, above 1. measure(fn, budget, cls): a stand-in
-    for the clock (tests)."""
+    for the clock (tests). policy_of(): fn's whole policy under the tunables installed
+    now; an alternative that leaves it as it is is not timed (16-bit short rows, for
+    one, do not read short_prefetch_bytes)."""
     measure = _round if measure is None else (lambda f, b, m=measure: m(f, b, cls))
     base = current.get(name, _core.tunables(cls)[name])
     best, ratios = base, {}
     for alt in _OFF_OR_ON[name](base):
         with_best = lambda: install(cls, dict(current, **{name: best}))     # noqa: E731
         with_alt = lambda: install(cls, dict(current, **{name: alt}))       # noqa: E731
+        if policy_of is not None and _same_policy(policy_of, with_best, with_alt):
+            continue
         times = _compare(fn, [with_best, with_alt], rounds, budget, measure)
         ratio = times[1] / times[0]
         if ratio < 1 - MARGIN:   # confirm: a second comparison, the order turned around
@@ -241,6 +243,23 @@ def decide(fn, cls, name, current, install, rounds, budget, measure=None, guards
             best = alt
     install(cls, dict(current, **{name: best}))
     return best, ratios
+
+
+def _same_policy(policy_of, *settings):
+    """Whether the call gets the same policy under each of the settings."""
+    policies = []
+    for install in settings:
+        install()
+        policies.append(policy_of())
+    return all(p == policies[0] for p in policies)
+
+
+def _policy_of(d, direction, threads):
+    """The whole policy of _call(d, direction, threads) under the tunables installed now."""
+    from ._api import _policy_of as policy
+    backward = direction == "bwd"
+    out = d["bwd_out" if backward else "fwd_out"][0]
+    return lambda: policy(d["x"], d["w"], -1, threads, "layer_norm", backward, out, every_field=True)[0]
 
 
 def _repeated(fn):
@@ -283,8 +302,6 @@ def tune(seconds=120, *, threads=None, save=True, path=None, progress=True, _mea
     jobs = []
     for (direction, rows), tunables in PLAN.items():
         for dtype in (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)):
-            if dtype.itemsize == 2 and (direction, rows) in ONLY_32_BIT:
-                continue
             for t in thread_counts:
                 jobs.append((direction, rows, dtype, t, tunables))
     total = sum(len(j[4]) for j in jobs)
@@ -320,7 +337,8 @@ def tune(seconds=120, *, threads=None, save=True, path=None, progress=True, _mea
             current = {}
             for name in tunables:
                 _progress(done, total, f"{names[cls]}: {name}", start, out)
-                value, r = decide(fn, cls, name, current, install, rounds, budget, _measure, guards)
+                value, r = decide(fn, cls, name, current, install, rounds, budget, _measure, guards,
+                                  _policy_of(data[0], direction, t))
                 ratios.setdefault(names[cls], {})[name] = {str(k): round(v, 3) for k, v in r.items()}
                 if value != _core.tunables(-1)[name]:
                     current[name] = value
